@@ -1,0 +1,44 @@
+# batchlens: `make test` is the one command CI runs (.ci/run) on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+VLLM_VERSION := 0.32.0
+export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
+
+.PHONY: help test test-fast lint format system-deps vllm-env bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(BIN)/batchlens: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+system-deps:  ## prometheus, promtool, alertmanager, amtool (apt-get when root)
+	scripts/system-deps.sh
+
+vllm-env:  ## the real vLLM $(VLLM_VERSION) CPU environment, cached in ~/.cache/batchlens
+	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
+
+lint: $(BIN)/batchlens  ## ruff lint + format check
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
+
+test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, unit, e2e (Prometheus) and vllm (real vLLM) tests
+	$(BIN)/pytest -m "" -p no:cacheprovider
+
+test-fast: $(BIN)/batchlens  ## unit tests only: no servers, no vLLM
+	$(BIN)/pytest -m "not e2e and not vllm and not slow" -p no:cacheprovider
+
+bench: $(BIN)/batchlens  ## parse/merge/render benchmark on the captured vLLM exposition
+	$(BIN)/python benchmarks/parse.py tests/data/vllm-0.32.0-cpu.prom
+
+clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build src/*.egg-info

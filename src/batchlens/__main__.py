@@ -1,0 +1,3 @@
+from batchlens.cli import main
+
+main()

@@ -1,0 +1,272 @@
+"""Settings and thresholds: the one source of truth for every batchlens component.
+
+Values are layered, later layers winning:
+
+1. the defaults below (the article's thresholds, loopback listeners);
+2. the YAML file given with ``--config`` (or env ``BATCHLENS_CONFIG``);
+3. environment variables ``BATCHLENS_<SECTION>__<KEY>``, for example
+   ``BATCHLENS_EXPORTER__INTERVAL_SECONDS=2``, and ``BATCHLENS_ENGINES`` holding a
+   YAML/JSON list of engines;
+4. command-line flags.
+
+The file names the environment variables that hold tokens; it never holds a token.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "BATCHLENS_"
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+class ConfigError(Exception):
+    """The configuration is invalid. The message names each bad key and what it expects."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9400`` for IPv6) as a (host, port) pair."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT with a port in 1..65535, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _check_listen(value: str) -> str:
+    parse_listen(value)
+    return value
+
+
+Listen = Annotated[str, AfterValidator(_check_listen)]
+
+
+class Engine(_Section):
+    """One vLLM server (an API server, which may front several engine cores)."""
+
+    name: str = Field("", description="the vllm_instance label; defaults to host:port of the url")
+    url: str = Field(description="vLLM base URL; /metrics and /batchlens/v1/* live under it")
+    admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
+    gpus: list[int | str] = Field(default_factory=list, description="static GPU mapping (indexes or UUIDs)")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http(s) URL such as http://127.0.0.1:8000, got {value!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise ValueError(f"bad port in {value!r}: {exc}") from None
+        return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+    @model_validator(mode="after")
+    def _default_name(self) -> Engine:
+        if not self.name:
+            object.__setattr__(self, "name", self.host_port)
+        return self
+
+    @property
+    def host_port(self) -> str:
+        parts = urlsplit(self.url)
+        return f"{parts.hostname}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the URL points at this host, so its server process can be inspected."""
+        host = urlsplit(self.url).hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            return ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+class Exporter(_Section):
+    listen: Listen = "127.0.0.1:9400"
+    interval_seconds: float = Field(5.0, gt=0, le=3600)
+    timeout_seconds: float = Field(3.0, gt=0, le=600, description="per engine, per request")
+    max_response_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="larger /metrics bodies are refused")
+
+
+class Thresholds(_Section):
+    bandwidth_ratio: float = Field(0.70, gt=0, le=1)
+    bandwidth_for: str = "5m"
+    kv_blocks_ratio: float = Field(0.80, gt=0, le=1)
+    p99_seconds: float = Field(0.5, gt=0)
+    p99_window: str = "1m"
+    p99_latency: Literal["ttft", "e2e", "itl"] = "ttft"
+
+    @field_validator("bandwidth_for", "p99_window")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if not _DURATION.match(value):
+            raise ValueError(f"expected a Prometheus duration such as 30s, 1m or 1h30m, got {value!r}")
+        return value
+
+
+class Breaker(_Section):
+    strikes: int = Field(3, ge=1)
+    cooldown_seconds: float = Field(60, ge=0)
+    cold_start_limit: int = Field(1, ge=1)
+    recovery_interval_seconds: float = Field(300, gt=0)
+    dry_run: bool = False
+
+
+class Remediate(_Section):
+    listen: Listen = "127.0.0.1:9401"
+    webhook_token_env: str = "BATCHLENS_WEBHOOK_TOKEN"
+    state_path: str = "batchlens-state.sqlite"
+
+
+class Config(_Section):
+    engines: list[Engine] = Field(default_factory=list)
+    exporter: Exporter = Field(default_factory=Exporter)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    breaker: Breaker = Field(default_factory=Breaker)
+    remediate: Remediate = Field(default_factory=Remediate)
+
+    @model_validator(mode="after")
+    def _unique_engine_names(self) -> Config:
+        seen: set[str] = set()
+        for engine in self.engines:
+            if engine.name in seen:
+                raise ValueError(f"engine name {engine.name!r} is used twice; each vllm_instance must be unique")
+            seen.add(engine.name)
+        return self
+
+    def token_envs(self) -> list[str]:
+        """Names of the environment variables that hold secrets, in a stable order."""
+        names = [e.admin_token_env for e in self.engines] + [self.remediate.webhook_token_env]
+        return list(dict.fromkeys(names))
+
+
+def parse_engine_flag(value: str) -> dict[str, str]:
+    """``NAME=URL`` or a bare ``URL`` (named host:port), as given to ``--engine``."""
+    name, sep, url = value.partition("=")
+    if not sep or "://" in name:
+        return {"url": value}
+    return {"name": name, "url": url}
+
+
+def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Config overrides from ``BATCHLENS_<SECTION>__<KEY>`` and ``BATCHLENS_ENGINES``.
+
+    Other ``BATCHLENS_*`` variables (tokens, ``BATCHLENS_CONFIG``) are not config keys
+    and are left alone. Values are read as YAML scalars, so ``2`` is a number and
+    ``true`` a boolean.
+    """
+    out: dict[str, Any] = {}
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var[len(ENV_PREFIX) :].lower()
+        if key != "engines" and "__" not in key:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{var}: not a valid YAML value: {exc}") from None
+        path = key.split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _format_errors(exc: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration ({origin}):"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see `batchlens config show` for every key)"
+        elif "input" in err and err["type"] != "missing":
+            msg += f" (got {err['input']!r})"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the effective config from file, environment and flag overrides."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    origin = "defaults"
+    if path:
+        file = Path(path)
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file}: expected a mapping at the top level, got {type(loaded).__name__}")
+        data, origin = loaded, f"file {file}"
+    env = env_overrides(environ)
+    if env:
+        data = _deep_merge(data, env)
+        origin += " + BATCHLENS_* environment"
+    if overrides:
+        data = _deep_merge(data, overrides)
+        origin += " + command-line flags"
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, origin)) from None
+
+
+def _mask_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def masked_dump(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The effective config as plain data, safe to print: no secret leaves it.
+
+    URL passwords are masked, and a ``secrets`` section says whether each token
+    variable is set, never what it holds.
+    """
+    environ = os.environ if environ is None else environ
+    data = config.model_dump(mode="json")
+    for engine in data["engines"]:
+        engine["url"] = _mask_url(engine["url"])
+    data["secrets"] = {name: ("set (****)" if environ.get(name) else "NOT SET") for name in config.token_envs()}
+    return data

@@ -1,0 +1,111 @@
+"""Render a snapshot as one Prometheus text exposition. Pure: no I/O, no waiting.
+
+Passed-through families are already rendered per source; here they are only
+grouped, so that a family served by several engines appears once with one
+header, as the text format requires. Derived and status families go through
+prometheus_client's own renderer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+
+from batchlens import __version__
+from batchlens.exporter import families as fam
+from batchlens.exporter.parser import Family
+from batchlens.exporter.snapshot import FamilyBlock, Snapshot, SourceState
+
+
+def family_blocks(families: Iterable[Family]) -> tuple[FamilyBlock, ...]:
+    """Render parsed families for pass-through, one block per family name.
+
+    A target may split a family (samples the family's type does not allow each
+    come out of the parser as a family of their own); they are joined here.
+    """
+    grouped: dict[str, list[str]] = {}
+    for family in families:
+        lines = [series.exported + rest for series, _, rest in family.samples]
+        body = "\n".join(lines) + "\n" if lines else ""
+        entry = grouped.get(family.name)
+        if entry is None:
+            grouped[family.name] = [family.header(), body]
+        else:
+            entry[0] = entry[0] or family.header()
+            entry.append(body)
+    return tuple(FamilyBlock(name, parts[0].encode(), "".join(parts[1:]).encode()) for name, parts in grouped.items())
+
+
+def _passthrough(states: Iterable[SourceState]) -> list[bytes]:
+    grouped: dict[str, list[bytes]] = {}
+    for state in states:
+        if state.reading is None:
+            continue
+        for block in state.reading.blocks:
+            entry = grouped.get(block.name)
+            if entry is None:
+                grouped[block.name] = [block.header, block.body]
+            else:
+                # The first source's header wins; its type is the family's type.
+                entry[0] = entry[0] or block.header
+                entry.append(block.body)
+    return [part for parts in grouped.values() for part in parts]
+
+
+def _merge_by_name(metrics: Iterable[Metric]) -> Iterator[Metric]:
+    merged: dict[str, Metric] = {}
+    for metric in metrics:
+        into = merged.get(metric.name)
+        if into is None:
+            into = merged[metric.name] = Metric(metric.name, metric.documentation, metric.type)
+        into.samples.extend(metric.samples)
+    yield from merged.values()
+
+
+def _status_metrics(states: Iterable[SourceState]) -> Iterator[Metric]:
+    states = list(states)
+
+    def labels(state: SourceState, **extra: str) -> dict[str, str]:
+        return {"source": state.source, **dict(state.labels), **extra}
+
+    yield fam.gauge(
+        "batchlens_source_up",
+        "1 when the last sample of the source succeeded, 0 when it failed.",
+        [(labels(s), 1.0 if s.up else 0.0) for s in states],
+    )
+    yield fam.gauge(
+        "batchlens_source_last_success_timestamp_seconds",
+        "Unix time of the last successful sample of the source.",
+        [(labels(s), s.last_success) for s in states if s.last_success is not None],
+    )
+    yield fam.gauge(
+        "batchlens_source_scrape_duration_seconds",
+        "How long the last sample of the source took, successful or not.",
+        [(labels(s), s.duration_seconds) for s in states],
+    )
+    yield fam.counter(
+        "batchlens_source_errors_total",
+        "Failed samples of the source (and non-fatal failures such as an admin API refusing the token), by reason.",
+        [(labels(s, reason=reason), n) for s in states for reason, n in sorted(s.errors.items())],
+    )
+
+
+class SnapshotCollector:
+    """The prometheus_client Collector protocol over one snapshot."""
+
+    def __init__(self, snapshot: Snapshot):
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield fam.info("batchlens_exporter_build_info", "The batchlens exporter's version.", {"version": __version__})
+        yield from _status_metrics(self._snapshot.states)
+        yield from _merge_by_name(m for s in self._snapshot.states if s.reading for m in s.reading.metrics)
+
+
+def render(snapshot: Snapshot) -> bytes:
+    # One join of the blocks as they are: the body is the only full-size copy made.
+    parts = _passthrough(snapshot.states)
+    parts.append(generate_latest(SnapshotCollector(snapshot)))  # type: ignore[arg-type]
+    return b"".join(parts)

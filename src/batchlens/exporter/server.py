@@ -1,0 +1,132 @@
+"""The exporter's HTTP server: /metrics, /healthz, and the samplers' lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from batchlens import __version__
+from batchlens.config import Config, parse_listen
+from batchlens.exporter.host_source import HostSource
+from batchlens.exporter.render import render
+from batchlens.exporter.sampler import Sampler, Source, describe
+from batchlens.exporter.snapshot import SnapshotStore
+from batchlens.exporter.vllm_source import VllmSource
+
+log = logging.getLogger("batchlens.exporter")
+
+_INDEX = """<html><head><title>batchlens exporter</title></head><body>
+<h1>batchlens exporter {version}</h1>
+<p><a href="/metrics">/metrics</a> (Prometheus text format) &middot; <a href="/healthz">/healthz</a> (JSON)</p>
+</body></html>
+"""
+
+
+class Exporter:
+    """Owns the sources, their samplers and the snapshot they publish to."""
+
+    def __init__(self, config: Config, environ: Mapping[str, str] | None = None):
+        self.config = config
+        self.store = SnapshotStore()
+        self._environ = os.environ if environ is None else environ
+        self._session: aiohttp.ClientSession | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._body_version = -1
+        self._body = b""
+
+    def _sources(self, session: aiohttp.ClientSession) -> list[Source]:
+        cfg = self.config.exporter
+        sources: list[Source] = [
+            VllmSource(
+                engine,
+                session,
+                timeout=cfg.timeout_seconds,
+                max_response_bytes=cfg.max_response_bytes,
+                environ=self._environ,
+            )
+            for engine in self.config.engines
+        ]
+        sources.append(HostSource(self.config.engines))
+        return sources
+
+    async def start(self, _app: web.Application | None = None) -> None:
+        cfg = self.config.exporter
+        # Parsing and psutil run off the event loop, in one worker thread: every
+        # extra thread would get its own malloc arena and hold on to its memory.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchlens-sample")
+        asyncio.get_running_loop().set_default_executor(self._executor)
+        # Enough connections for two requests (metrics + admin) to every engine at once.
+        connector = aiohttp.TCPConnector(limit=max(16, 4 * len(self.config.engines)))
+        self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"batchlens/{__version__}"})
+        deadline = cfg.timeout_seconds + 2 + max(1.0, cfg.interval_seconds)
+        for source in self._sources(self._session):
+            sampler = Sampler(source, self.store, cfg.interval_seconds, deadline)
+            self._tasks.append(asyncio.create_task(sampler.run(), name=f"sampler {describe(source)}"))
+        names = ", ".join(f"{e.name}={e.url}" for e in self.config.engines) or "none"
+        log.info("sampling every %gs; engines: %s", cfg.interval_seconds, names)
+
+    async def stop(self, _app: web.Application | None = None) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        log.info("stopped")
+
+    def body(self) -> bytes:
+        """The rendered snapshot, rendered again only when a source published."""
+        snapshot = self.store.snapshot()
+        if snapshot.version != self._body_version:
+            self._body, self._body_version = render(snapshot), snapshot.version
+        return self._body
+
+    async def handle_metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.body(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_healthz(self, _request: web.Request) -> web.Response:
+        sources = [
+            {"source": s.source, **dict(s.labels), "up": s.up, "last_success": s.last_success}
+            for s in self.store.snapshot().states
+        ]
+        return web.json_response({"status": "ok", "version": __version__, "sources": sources})
+
+    async def handle_index(self, _request: web.Request) -> web.Response:
+        return web.Response(text=_INDEX.format(version=__version__), content_type="text/html")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_healthz)
+        app.router.add_get("/", self.handle_index)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        return app
+
+
+def serve(config: Config, *, access_log: bool = False) -> None:
+    """Run the exporter until SIGINT or SIGTERM, then shut down cleanly."""
+    host, port = parse_listen(config.exporter.listen)
+    exporter = Exporter(config)
+    log.info("batchlens exporter %s listening on http://%s/metrics", __version__, config.exporter.listen)
+    web.run_app(
+        exporter.app(),
+        host=host,
+        port=port,
+        print=None,
+        access_log=log if access_log else None,
+        shutdown_timeout=5,
+    )

@@ -1,0 +1,136 @@
+"""The vLLM source: one engine's /metrics and, where present, its admin API.
+
+Each failure mode of an upstream maps to one bounded ``reason``:
+``connect``, ``timeout``, ``http_<code>``, ``too_large``, ``protocol`` and
+``parse`` make the engine down; ``admin_*`` reasons are counted but leave it up,
+because the admin API is optional (absent, 404, is not an error at all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import aiohttp
+from pydantic import ValidationError
+
+from batchlens.admin_api import BATCH_PATH, BatchState, bearer
+from batchlens.config import Engine
+from batchlens.exporter.derive import batch_metrics, kv_block_metrics
+from batchlens.exporter.parser import ExpositionReader, Family, ParseError
+from batchlens.exporter.render import family_blocks
+from batchlens.exporter.sampler import SourceError
+from batchlens.exporter.snapshot import Reading
+
+_ADMIN_MAX_BYTES = 64 * 1024
+# Ask for the classic text format: OpenMetrics would change counter and _created naming.
+_ACCEPT = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+
+
+async def fetch_text(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout: float,
+    limit: int,
+    headers: Mapping[str, str] | None = None,
+) -> str:
+    """GET ``url`` and return its body as text, raising :class:`SourceError`.
+
+    The body is read in chunks and abandoned as soon as it passes ``limit``, so a
+    huge (or endless) reply costs at most ``limit`` bytes of memory.
+    """
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                raise SourceError(f"http_{resp.status}", f"GET {url} answered HTTP {resp.status} {resp.reason or ''}")
+            if resp.content_length is not None and resp.content_length > limit:
+                raise _too_large(url, limit)
+            chunks, size = [], 0
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(url, limit)
+    except TimeoutError:
+        raise SourceError("timeout", f"GET {url} took longer than {timeout:g}s") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise SourceError("connect", f"cannot connect to {url}: {exc.os_error or exc}") from None
+    except aiohttp.ClientError as exc:
+        raise SourceError("protocol", f"GET {url} failed: {type(exc).__name__}: {exc}") from None
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError("parse", f"GET {url}: body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _too_large(url: str, limit: int) -> SourceError:
+    return SourceError("too_large", f"GET {url}: body is larger than {limit} bytes (exporter.max_response_bytes)")
+
+
+class VllmSource:
+    kind = "vllm"
+
+    def __init__(
+        self,
+        engine: Engine,
+        session: aiohttp.ClientSession,
+        *,
+        timeout: float,
+        max_response_bytes: int,
+        environ: Mapping[str, str],
+    ):
+        self.engine = engine
+        self.labels = (("vllm_instance", engine.name),)
+        self._base = dict(self.labels)
+        self._session = session
+        self._timeout = timeout
+        self._limit = max_response_bytes
+        self._token = environ.get(engine.admin_token_env)
+        self._reader = ExpositionReader(self._base)
+
+    async def sample(self) -> Reading:
+        metrics, admin = await asyncio.gather(
+            fetch_text(
+                self._session, self.engine.url + "/metrics", timeout=self._timeout, limit=self._limit, headers=_ACCEPT
+            ),
+            self._admin_state(),
+        )
+        # Parsing a large exposition takes milliseconds; keep it off the event loop
+        # so that /metrics stays fast.
+        return await asyncio.to_thread(self._digest, metrics, admin)
+
+    def _digest(self, text: str, admin: BatchState | tuple[str, str] | None) -> Reading:
+        try:
+            families: list[Family] = self._reader.parse(text)
+        except ParseError as exc:
+            raise SourceError(
+                "parse", f"{self.engine.url}/metrics is not a Prometheus text exposition: {exc}"
+            ) from None
+        metrics = kv_block_metrics(families, self._base)
+        soft: tuple[tuple[str, str], ...] = ()
+        if isinstance(admin, BatchState):
+            metrics += batch_metrics(admin, families, self._base)
+        elif admin is not None:
+            soft = (admin,)
+        return Reading(blocks=family_blocks(families), metrics=tuple(metrics), soft_errors=soft)
+
+    async def _admin_state(self) -> BatchState | tuple[str, str] | None:
+        """The batch state, None where the server has no admin API, or a soft error."""
+        url = self.engine.url + BATCH_PATH
+        try:
+            body = await fetch_text(
+                self._session, url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=bearer(self._token)
+            )
+            return BatchState.model_validate_json(body)
+        except SourceError as exc:
+            if exc.reason == "http_404":
+                return None  # a plain vLLM without the batchlens plugin
+            hint = ""
+            if exc.reason in ("http_401", "http_403"):
+                hint = f" (is {self.engine.admin_token_env} set to the server's BATCHLENS_ADMIN_TOKEN?)"
+            elif exc.reason == "http_503":
+                hint = " (the server has no BATCHLENS_ADMIN_TOKEN configured)"
+            return (f"admin_{exc.reason}", f"admin API: {exc}{hint}")
+        except ValidationError as exc:
+            return ("admin_invalid", f"admin API {url} answered an unexpected body: {exc.errors()[0]['msg']}")

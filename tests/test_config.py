@@ -1,0 +1,135 @@
+"""Config: one model, layered file < env < flags, clear errors, masked output. No fakes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from batchlens.config import ConfigError, load_config, masked_dump, parse_engine_flag
+from harness.exporter import BATCHLENS
+
+FILE = """
+engines:
+  - name: deepseek-a
+    url: http://127.0.0.1:8000/
+    gpus: [0, 1]
+  - url: http://10.0.0.7:8001
+exporter:
+  interval_seconds: 2
+thresholds:
+  p99_latency: e2e
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "batchlens.yaml"
+    path.write_text(FILE)
+    return path
+
+
+def test_defaults_are_the_articles_thresholds_on_loopback() -> None:
+    cfg = load_config(environ={})
+    assert (cfg.thresholds.bandwidth_ratio, cfg.thresholds.kv_blocks_ratio) == (0.70, 0.80)
+    assert (cfg.thresholds.p99_seconds, cfg.thresholds.p99_window, cfg.thresholds.p99_latency) == (0.5, "1m", "ttft")
+    assert (cfg.breaker.strikes, cfg.breaker.cold_start_limit) == (3, 1)
+    assert cfg.exporter.listen.startswith("127.0.0.1:") and cfg.remediate.listen.startswith("127.0.0.1:")
+
+
+def test_file_values_and_engine_defaults(config_file) -> None:
+    cfg = load_config(config_file, environ={})
+    a, b = cfg.engines
+    assert (a.name, a.url, a.gpus) == ("deepseek-a", "http://127.0.0.1:8000", [0, 1])  # trailing slash dropped
+    assert (b.name, b.port, b.is_local) == ("10.0.0.7:8001", 8001, False)  # unnamed: host:port
+    assert a.is_local
+    assert cfg.exporter.interval_seconds == 2 and cfg.thresholds.p99_latency == "e2e"
+
+
+def test_env_overrides_file_and_flags_override_env(config_file) -> None:
+    env = {
+        "BATCHLENS_EXPORTER__INTERVAL_SECONDS": "7",
+        "BATCHLENS_EXPORTER__LISTEN": "127.0.0.1:9999",
+        "BATCHLENS_BREAKER__DRY_RUN": "true",
+        "BATCHLENS_ADMIN_TOKEN": "s3cret",  # a token, not a config key: ignored by the loader
+    }
+    cfg = load_config(config_file, environ=env)
+    assert (cfg.exporter.interval_seconds, cfg.exporter.listen, cfg.breaker.dry_run) == (7, "127.0.0.1:9999", True)
+    cfg = load_config(config_file, {"exporter": {"interval_seconds": 1}}, environ=env)
+    assert (cfg.exporter.interval_seconds, cfg.exporter.listen) == (1, "127.0.0.1:9999")
+
+
+def test_engines_from_env() -> None:
+    cfg = load_config(environ={"BATCHLENS_ENGINES": '[{"name": "x", "url": "http://127.0.0.1:1234"}]'})
+    assert [(e.name, e.port) for e in cfg.engines] == [("x", 1234)]
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "expected"),
+    [
+        ({"exporter": {"interval_seconds": -1}}, "exporter.interval_seconds", "greater than 0"),
+        ({"exporter": {"listen": "9400"}}, "exporter.listen", "HOST:PORT"),
+        ({"thresholds": {"p99_latency": "p95"}}, "thresholds.p99_latency", "'ttft', 'e2e' or 'itl'"),
+        ({"thresholds": {"p99_window": "one minute"}}, "thresholds.p99_window", "Prometheus duration"),
+        ({"thresholds": {"kv_blocks_ratio": 80}}, "thresholds.kv_blocks_ratio", "less than or equal to 1"),
+        ({"engines": [{"url": "localhost:8000"}]}, "engines.0.url", "http(s) URL"),
+        ({"engines": [{"name": "a"}]}, "engines.0.url", "Field required"),
+        ({"exporter": {"intervall_seconds": 1}}, "exporter.intervall_seconds", "unknown key"),
+    ],
+)
+def test_validation_errors_name_the_key_and_the_expected_value(data, key, expected) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=data, environ={})
+    message = str(err.value)
+    assert f"  {key}: " in message and expected in message, message
+
+
+def test_duplicate_engine_names_are_refused() -> None:
+    engines = [{"name": "a", "url": "http://127.0.0.1:1"}, {"name": "a", "url": "http://127.0.0.1:2"}]
+    with pytest.raises(ConfigError, match="used twice"):
+        load_config(overrides={"engines": engines}, environ={})
+
+
+def test_unreadable_and_malformed_files_are_clear_errors(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engines: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, environ={})
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad, environ={})
+
+
+def test_engine_flag_forms() -> None:
+    assert parse_engine_flag("a=http://h:1") == {"name": "a", "url": "http://h:1"}
+    assert parse_engine_flag("http://h:1/x?y=1") == {"url": "http://h:1/x?y=1"}
+
+
+def test_masked_dump_hides_secrets() -> None:
+    cfg = load_config(overrides={"engines": [{"url": "http://bob:hunter2@127.0.0.1:8000"}]}, environ={})
+    dumped = json.dumps(masked_dump(cfg, {"BATCHLENS_ADMIN_TOKEN": "tok-123"}))
+    assert "hunter2" not in dumped and "tok-123" not in dumped
+    assert "bob:***@127.0.0.1:8000" in dumped
+    assert '"BATCHLENS_ADMIN_TOKEN": "set (****)"' in dumped and '"BATCHLENS_WEBHOOK_TOKEN": "NOT SET"' in dumped
+
+
+def test_config_show_cli_prints_the_effective_config_without_secrets(config_file) -> None:
+    env = {"BATCHLENS_ADMIN_TOKEN": "tok-very-secret", "BATCHLENS_EXPORTER__TIMEOUT_SECONDS": "1.5", "PATH": "/usr/bin"}
+    out = subprocess.run(
+        [BATCHLENS, "config", "show", "--config", str(config_file), "--format", "json"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout  # fmt: skip
+    data = json.loads(out)
+    assert data["exporter"]["timeout_seconds"] == 1.5 and data["engines"][0]["name"] == "deepseek-a"
+    assert "tok-very-secret" not in out
+
+
+def test_cli_reports_a_bad_config_without_a_traceback(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("exporter:\n  interval_seconds: fast\n")
+    run = subprocess.run([BATCHLENS, "config", "show", "--config", str(path)], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "exporter.interval_seconds" in run.stderr and "Traceback" not in run.stderr

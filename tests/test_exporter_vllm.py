@@ -1,0 +1,123 @@
+"""The exporter against a real vLLM 0.32 on the CPU, and a real Prometheus scraping the exporter.
+
+No fakes in the vllm test. The e2e test feeds the exporter from the upstream
+fake (tests/harness/upstreams.py, serving a captured real exposition) so that
+it runs without the vLLM environment.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from harness.exporter import ExporterProcess, Samples, one, parse_samples, pick
+from harness.prometheus import PrometheusServer
+
+MONOTONIC_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
+
+
+def _kinds(text: str) -> dict[str, str]:
+    """Sample name -> 'counter' (monotonic) or 'gauge', from vLLM's own type lines."""
+    kinds = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            monotonic = s.name.endswith(MONOTONIC_SUFFIXES.get(family.type, ()))
+            kinds[s.name] = "counter" if monotonic else "gauge"
+    return kinds
+
+
+def _without_instance(samples: Samples, instance: str) -> Samples:
+    label = ("vllm_instance", instance)
+    return {(n, lbl - {label}): v for (n, lbl), v in samples.items() if label in lbl and not n.startswith("batchlens_")}
+
+
+def compare(vllm_text: str, exported: Samples, instance: str, *, gauges_equal: bool) -> None:
+    """Every vLLM sample is in the exporter's output with the added label; counters equal or grown."""
+    vllm = parse_samples(vllm_text)
+    kinds = _kinds(vllm_text)
+    mine = _without_instance(exported, instance)
+    missing = set(vllm) - set(mine)
+    assert not missing, f"{len(missing)} vLLM samples missing, e.g. {sorted(missing, key=str)[:3]}"
+    assert {lbl for _, lbl in vllm} == {lbl for _, lbl in mine}, "label sets differ"
+    for key, value in vllm.items():
+        name = key[0]
+        if kinds[name] == "counter":
+            assert mine[key] >= value, f"counter {key} went back: {mine[key]} < {value}"
+        elif gauges_equal and not name.startswith("process_"):
+            # process_* gauges (RSS, open fds) move on their own between two scrapes.
+            assert mine[key] == value or (value != value and mine[key] != mine[key]), f"gauge {key}"
+
+
+@pytest.mark.vllm
+def test_exporter_passes_every_vllm_sample_through_under_load(tmp_path, vllm_server) -> None:
+    exporter = ExporterProcess(tmp_path, [f"cpu={vllm_server.url}"], interval=0.5, timeout=5)
+    try:
+        checks, running_seen = 0, 0.0
+        with ThreadPoolExecutor(1) as pool:
+            load = pool.submit(vllm_server.load, requests=48, concurrency=16, prompt_tokens=64, max_tokens=400)
+            while not load.done() or checks < 2:
+                vllm_text, t = vllm_server.metrics_text(), time.time()
+                exported = exporter.wait_for(
+                    lambda s, t=t: one(s, "batchlens_source_last_success_timestamp_seconds", vllm_instance="cpu") > t,
+                    what="a sample taken after vLLM's scrape",
+                )
+                compare(vllm_text, exported, "cpu", gauges_equal=False)
+                running_seen = max(running_seen, one(exported, "vllm:num_requests_running", vllm_instance="cpu"))
+                checks += 1
+            replies = load.result()
+        assert all(r["usage"]["completion_tokens"] == 400 for r in replies)
+        assert running_seen > 1, "the exporter never saw the load running"
+
+        # Quiescent now: every gauge must be equal too.
+        time.sleep(1)
+        vllm_text, t = vllm_server.metrics_text(), time.time()
+        exported = exporter.wait_for(
+            lambda s: one(s, "batchlens_source_last_success_timestamp_seconds", vllm_instance="cpu") > t,
+            what="a sample taken after the load",
+        )
+        compare(vllm_text, exported, "cpu", gauges_equal=True)
+
+        blocks = int(re.search(r'num_gpu_blocks="(\d+)"', vllm_text).group(1))
+        assert one(exported, "batchlens_kv_blocks_total", vllm_instance="cpu", engine="0") == blocks
+        assert one(exported, "batchlens_kv_blocks_used", vllm_instance="cpu", engine="0") == 0  # all done
+        assert one(exported, "batchlens_source_up", vllm_instance="cpu") == 1
+        assert not pick(exported, "batchlens_source_errors_total", vllm_instance="cpu")  # no admin API: no error
+        assert not pick(exported, "batchlens_batch_limit")
+        # The host source found the vLLM server process and its EngineCore child.
+        assert one(exported, "batchlens_engine_processes", vllm_instance="cpu") >= 2
+        assert one(exported, "batchlens_engine_process_info", vllm_instance="cpu", pid=str(vllm_server.process.pid))
+        assert one(exported, "batchlens_engine_process_resident_memory_bytes", vllm_instance="cpu") > 100 * 2**20
+        samples = len(parse_samples(vllm_text))
+        print(f"\ncompared the exporter with vLLM's own /metrics {checks + 1} times, {samples} samples")
+    finally:
+        exporter.stop()
+
+
+@pytest.mark.e2e
+def test_prometheus_ingests_the_merged_exposition(tmp_path, upstreams, vllm_exposition) -> None:
+    engines = [f"a={upstreams.add('a', text=vllm_exposition)}", f"b={upstreams.add('b', text=vllm_exposition)}"]
+    exporter = ExporterProcess(tmp_path, [*engines, "down=http://127.0.0.1:1"], interval=0.5)
+    prometheus = PrometheusServer(
+        tmp_path / "prometheus",
+        [{"job_name": "batchlens", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+    )
+    try:
+        prometheus.wait_for('up{job="batchlens"} == 1')
+        per_engine = len(parse_samples(vllm_exposition))
+        for name in ("a", "b"):
+            ingested = prometheus.wait_for(f'count({{vllm_instance="{name}",__name__!~"batchlens_.*"}})')
+            assert int(ingested[0]["value"][1]) == per_engine, f"Prometheus stored a different sample count for {name}"
+        assert len(prometheus.query("batchlens_kv_blocks_total")) == 2
+        assert prometheus.query('batchlens_source_up{vllm_instance="down"} == 0')
+        # Prometheus' own parser accepted every line: one sample per line of our output.
+        body = exporter.scrape()[1]
+        lines = [ln for ln in body.splitlines() if ln and not ln.startswith("#")]
+        scraped = prometheus.wait_for('scrape_samples_scraped{job="batchlens"}')
+        assert abs(int(scraped[0]["value"][1]) - len(lines)) <= 5  # the status series can change between scrapes
+    finally:
+        prometheus.stop()
+        exporter.stop()

@@ -1,0 +1,89 @@
+"""The host source on this machine's real /proc and /sys, and a real process tree. No fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from batchlens.config import Engine
+from batchlens.exporter.host_source import HostSource, kernel_settings, listening_pid, process_tree, selected_mode
+from harness.procs import Process, free_port
+
+SERVER_WITH_CHILD = textwrap.dedent(
+    """
+    import socket, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+    print("listening", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.fixture
+def server_with_child(tmp_path):
+    port = free_port()
+    proc = Process("listener", [sys.executable, "-c", SERVER_WITH_CHILD, str(port)], tmp_path / "listener.log")
+    for _ in range(100):
+        if "listening" in proc.log_tail() and len(psutil.Process(proc.pid).children()) == 1:
+            break
+        time.sleep(0.05)
+    yield port, proc
+    proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "mode"),
+    [
+        ("always [madvise] never\n", "madvise"),
+        ("[always] madvise never", "always"),
+        ("never", "never"),
+        ("", "unavailable"),
+    ],
+)
+def test_selected_mode(text: str, mode: str) -> None:
+    assert selected_mode(text) == mode
+
+
+def test_kernel_settings_read_this_host() -> None:
+    settings = kernel_settings()
+    assert set(settings) == {"transparent_hugepage", "numa_balancing", "zone_reclaim_mode"}
+    assert settings["transparent_hugepage"] in ("always", "madvise", "never", "unavailable")
+    assert settings["zone_reclaim_mode"] == Path("/proc/sys/vm/zone_reclaim_mode").read_text().strip()
+
+
+def test_the_engine_process_is_found_by_its_port_with_its_children(server_with_child) -> None:
+    port, proc = server_with_child
+    assert listening_pid(port) == proc.pid
+    tree = process_tree(proc.pid)
+    assert tree is not None and tree.processes == 2
+    expected_rss = sum(p.memory_info().rss for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children()])
+    assert abs(tree.resident_bytes - expected_rss) < 4 * 1024 * 1024
+    assert tree.threads >= 2 and tree.affinity_cpus == len(psutil.Process(proc.pid).cpu_affinity())
+
+
+def test_host_source_reports_local_engines_only(server_with_child) -> None:
+    port, proc = server_with_child
+    engines = [Engine(name="here", url=f"http://127.0.0.1:{port}"), Engine(name="far", url="http://10.9.8.7:8000")]
+    reading = asyncio.run(HostSource(engines).sample())
+    by_name = {m.name: m for m in reading.metrics}
+    info = by_name["batchlens_engine_process_info"].samples
+    assert [(s.labels["vllm_instance"], s.labels["pid"]) for s in info] == [("here", str(proc.pid))]
+    assert by_name["batchlens_engine_processes"].samples[0].value == 2
+    assert 0 <= by_name["batchlens_host_cpu_utilization_ratio"].samples[0].value <= 1
+    assert by_name["batchlens_host_memory_total_bytes"].samples[0].value == psutil.virtual_memory().total
+
+
+def test_a_stopped_engine_process_disappears(server_with_child) -> None:
+    port, proc = server_with_child
+    source = HostSource([Engine(name="here", url=f"http://127.0.0.1:{port}")])
+    assert "batchlens_engine_process_info" in {m.name for m in asyncio.run(source.sample()).metrics}
+    proc.stop()
+    assert "batchlens_engine_process_info" not in {m.name for m in asyncio.run(source.sample()).metrics}
