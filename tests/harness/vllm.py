@@ -8,9 +8,12 @@ a minute on two cores, so tests share one server per session.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +88,28 @@ class VllmServer:
         """Send ``requests`` completions, ``concurrency`` at a time; return their replies."""
         with ThreadPoolExecutor(concurrency) as pool:
             return list(pool.map(lambda _: self.complete(prompt_tokens, max_tokens), range(requests)))
+
+    @contextlib.contextmanager
+    def steady_load(self, concurrency: int, prompt_tokens: int = 16, max_tokens: int = 64) -> Iterator[list[dict]]:
+        """Keep ``concurrency`` requests in flight until the block ends; yields the replies so far.
+
+        On leaving, it waits for the requests in flight, so vLLM is idle again.
+        """
+        replies: list[dict] = []
+        stop = threading.Event()
+
+        def worker() -> None:
+            while not stop.is_set():
+                replies.append(self.complete(prompt_tokens, max_tokens))
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            workers = [pool.submit(worker) for _ in range(concurrency)]
+            try:
+                yield replies
+            finally:
+                stop.set()
+                for w in workers:
+                    w.result()
 
 
 def start_vllm(
