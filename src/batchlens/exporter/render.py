@@ -77,7 +77,7 @@ def _status_metrics(states: Iterable[SourceState]) -> Iterator[Metric]:
     )
     yield fam.gauge(
         "batchlens_source_last_success_timestamp_seconds",
-        "Unix time of the last successful sample of the source.",
+        "Unix time at which the last successful sample of the source started: its data is at least this fresh.",
         [(labels(s), s.last_success) for s in states if s.last_success is not None],
     )
     yield fam.gauge(

@@ -77,7 +77,7 @@ class Sampler:
             await asyncio.sleep(next_tick - now)
 
     async def tick(self) -> SourceState:
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         try:
             reading = await asyncio.wait_for(self.source.sample(), self._deadline)
         except SourceError as exc:
@@ -94,7 +94,7 @@ class Sampler:
             self._fail("internal", repr(exc))
             _drop_tracebacks(exc)
         else:
-            self._succeed(reading)
+            self._succeed(reading, started_at)
         state = SourceState(
             source=self.source.kind,
             labels=self.source.labels,
@@ -107,11 +107,12 @@ class Sampler:
         self._store.publish(state)
         return state
 
-    def _succeed(self, reading: Reading) -> None:
+    def _succeed(self, reading: Reading, started_at: float) -> None:
         if self._failing is not None:
             log.info("%s: recovered after %d failed samples", describe(self.source), self._streak)
         self._failing, self._streak = None, 0
-        self._reading, self._last_success = reading, time.time()
+        # The start, not the end: the data is at least this fresh.
+        self._reading, self._last_success = reading, started_at
         active = {}
         for reason, message in reading.soft_errors:
             self._errors[reason] += 1

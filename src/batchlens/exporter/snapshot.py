@@ -47,7 +47,7 @@ class SourceState:
     #: The latest successful reading, or None while the source is down: a down
     #: source's series are dropped, never frozen at stale values.
     reading: Reading | None
-    last_success: float | None  # unix time of the last successful sample
+    last_success: float | None  # unix time at which the last successful sample started
     duration_seconds: float  # how long the last sample took
     errors: Mapping[str, int] = field(default_factory=dict)  # reason -> count, monotonic
 
