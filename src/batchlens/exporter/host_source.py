@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,13 +117,14 @@ class HostSource:
     kind = "host"
     labels: tuple[tuple[str, str], ...] = ()
 
-    def __init__(self, engines: Sequence[Engine]):
+    def __init__(self, engines: Sequence[Engine], executor: Executor | None = None):
         self._engines = [e for e in engines if e.is_local]
+        self._executor = executor
         self._pids: dict[str, int] = {}
         psutil.cpu_percent(interval=None)  # primes the counter: the next call covers one interval
 
     async def sample(self) -> Reading:
-        return await asyncio.to_thread(self._sample)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._sample)
 
     def _engine_pid(self, engine: Engine) -> int | None:
         pid = self._pids.get(engine.name)

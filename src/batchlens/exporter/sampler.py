@@ -95,13 +95,15 @@ class Sampler:
             _drop_tracebacks(exc)
         else:
             self._succeed(reading, started_at)
+        duration = time.monotonic() - started
+        log.debug("%s: sample %s in %.3fs", describe(self.source), "failed" if self._failing else "done", duration)
         state = SourceState(
             source=self.source.kind,
             labels=self.source.labels,
             up=self._failing is None,
             reading=self._reading if self._failing is None else None,
             last_success=self._last_success,
-            duration_seconds=time.monotonic() - started,
+            duration_seconds=duration,
             errors=dict(self._errors),
         )
         self._store.publish(state)

@@ -38,36 +38,46 @@ class Exporter:
         self.store = SnapshotStore()
         self._environ = os.environ if environ is None else environ
         self._session: aiohttp.ClientSession | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._executors: list[ThreadPoolExecutor] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._body_version = -1
         self._body = b""
 
+    def _worker(self, name: str) -> ThreadPoolExecutor:
+        # One thread per kind of blocking work, no more: every thread gets its own
+        # malloc arena and holds on to its memory.
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batchlens-{name}")
+        self._executors.append(executor)
+        return executor
+
     def _sources(self, session: aiohttp.ClientSession) -> list[Source]:
         cfg = self.config.exporter
+        parser = self._worker("parse")
         sources: list[Source] = [
             VllmSource(
                 engine,
                 session,
+                parser,
                 timeout=cfg.timeout_seconds,
                 max_response_bytes=cfg.max_response_bytes,
                 environ=self._environ,
             )
             for engine in self.config.engines
         ]
-        sources.append(HostSource(self.config.engines))
+        # psutil reads other processes' /proc files, which can block for seconds while
+        # such a process maps memory (vLLM allocating its KV cache): its own thread, so
+        # that parsing never queues behind it.
+        sources.append(HostSource(self.config.engines, self._worker("host")))
         return sources
 
     async def start(self, _app: web.Application | None = None) -> None:
         cfg = self.config.exporter
-        # Parsing and psutil run off the event loop, in one worker thread: every
-        # extra thread would get its own malloc arena and hold on to its memory.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchlens-sample")
-        asyncio.get_running_loop().set_default_executor(self._executor)
         # Enough connections for two requests (metrics + admin) to every engine at once.
         connector = aiohttp.TCPConnector(limit=max(16, 4 * len(self.config.engines)))
         self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"batchlens/{__version__}"})
-        deadline = cfg.timeout_seconds + 2 + max(1.0, cfg.interval_seconds)
+        # A safety net for a stuck sample, not a second timeout: generous enough that a
+        # busy host does not trip it while the sample's own requests still finish.
+        deadline = 2 * cfg.timeout_seconds + max(5.0, cfg.interval_seconds)
         for source in self._sources(self._session):
             sampler = Sampler(source, self.store, cfg.interval_seconds, deadline)
             self._tasks.append(asyncio.create_task(sampler.run(), name=f"sampler {describe(source)}"))
@@ -83,8 +93,9 @@ class Exporter:
         self._tasks.clear()
         if self._session is not None:
             await self._session.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        for executor in self._executors:
+            executor.shutdown(wait=False, cancel_futures=True)
+        self._executors.clear()
         log.info("stopped")
 
     def body(self) -> bytes:

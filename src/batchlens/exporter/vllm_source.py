@@ -9,7 +9,10 @@ because the admin API is optional (absent, 404, is not an error at all).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Mapping
+from concurrent.futures import Executor
 
 import aiohttp
 from pydantic import ValidationError
@@ -21,6 +24,8 @@ from batchlens.exporter.parser import ExpositionReader, Family, ParseError
 from batchlens.exporter.render import family_blocks
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
+
+log = logging.getLogger("batchlens.exporter")
 
 _ADMIN_MAX_BYTES = 64 * 1024
 # Ask for the classic text format: OpenMetrics would change counter and _created naming.
@@ -75,6 +80,7 @@ class VllmSource:
         self,
         engine: Engine,
         session: aiohttp.ClientSession,
+        executor: Executor | None = None,
         *,
         timeout: float,
         max_response_bytes: int,
@@ -84,21 +90,29 @@ class VllmSource:
         self.labels = (("vllm_instance", engine.name),)
         self._base = dict(self.labels)
         self._session = session
+        self._executor = executor
         self._timeout = timeout
         self._limit = max_response_bytes
         self._token = environ.get(engine.admin_token_env)
         self._reader = ExpositionReader(self._base)
 
     async def sample(self) -> Reading:
+        started = time.monotonic()
+        url = self.engine.url + "/metrics"
         metrics, admin = await asyncio.gather(
-            fetch_text(
-                self._session, self.engine.url + "/metrics", timeout=self._timeout, limit=self._limit, headers=_ACCEPT
-            ),
+            fetch_text(self._session, url, timeout=self._timeout, limit=self._limit, headers=_ACCEPT),
             self._admin_state(),
         )
+        fetched = time.monotonic()
         # Parsing a large exposition takes milliseconds; keep it off the event loop
         # so that /metrics stays fast.
-        return await asyncio.to_thread(self._digest, metrics, admin)
+        loop = asyncio.get_running_loop()
+        reading = await loop.run_in_executor(self._executor, self._digest, metrics, admin)
+        log.debug(
+            "vllm[%s]: fetched %d chars in %.3fs, digested in %.3fs",
+            self.engine.name, len(metrics), fetched - started, time.monotonic() - fetched,
+        )  # fmt: skip
+        return reading
 
     def _digest(self, text: str, admin: BatchState | tuple[str, str] | None) -> Reading:
         try:
