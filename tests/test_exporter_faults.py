@@ -7,6 +7,7 @@ a real vLLM 0.32 exposition or misbehave on purpose. The exporter is the real
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 
 from harness.exporter import BATCHLENS, ExporterProcess, one, pick
-from harness.procs import Process
+from harness.procs import Process, http_get
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +87,13 @@ def test_a_source_that_goes_away_loses_its_series_and_comes_back(tmp_path, upstr
         upstreams.engines["flaky"].behavior, upstreams.engines["flaky"].status = "status", 503
         gone = exporter.wait_for(lambda s: not running(s), what="flaky's series dropped")
         assert one(gone, "batchlens_source_up", vllm_instance="flaky") == 0
+        status, body = http_get(exporter.url + "/healthz")
+        health = json.loads(body)
+        assert status == 200 and health["status"] == "ok"  # the exporter is healthy; the engine is not
+        assert {(s["source"], s.get("vllm_instance"), s["up"]) for s in health["sources"]} == {
+            ("vllm", "flaky", False),
+            ("host", None, True),
+        }
         assert not pick(gone, "batchlens_kv_blocks_total", vllm_instance="flaky")
         upstreams.engines["flaky"].behavior = "ok"
         back = exporter.wait_for(running, what="flaky's series back")
