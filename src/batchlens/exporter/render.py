@@ -9,6 +9,7 @@ prometheus_client's own renderer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -18,6 +19,29 @@ from batchlens.exporter import families as fam
 from batchlens.exporter.parser import Family
 from batchlens.exporter.snapshot import FamilyBlock, Snapshot, SourceState
 
+T = TypeVar("T", str, bytes)
+
+
+def _group_by_name(blocks: Iterable[tuple[str, T, T]]) -> dict[str, list[T]]:
+    """(name, header, body) triples -> name: [header, body, body, ...], in first-seen order.
+
+    The first non-empty header wins: with several engines, its type is the family's type.
+    """
+    grouped: dict[str, list[T]] = {}
+    for name, header, body in blocks:
+        entry = grouped.get(name)
+        if entry is None:
+            grouped[name] = [header, body]
+        else:
+            entry[0] = entry[0] or header
+            entry.append(body)
+    return grouped
+
+
+def _sample_lines(family: Family) -> str:
+    lines = [series.exported + rest for series, _, rest in family.samples]
+    return "\n".join(lines) + "\n" if lines else ""
+
 
 def family_blocks(families: Iterable[Family]) -> tuple[FamilyBlock, ...]:
     """Render parsed families for pass-through, one block per family name.
@@ -25,32 +49,13 @@ def family_blocks(families: Iterable[Family]) -> tuple[FamilyBlock, ...]:
     A target may split a family (samples the family's type does not allow each
     come out of the parser as a family of their own); they are joined here.
     """
-    grouped: dict[str, list[str]] = {}
-    for family in families:
-        lines = [series.exported + rest for series, _, rest in family.samples]
-        body = "\n".join(lines) + "\n" if lines else ""
-        entry = grouped.get(family.name)
-        if entry is None:
-            grouped[family.name] = [family.header(), body]
-        else:
-            entry[0] = entry[0] or family.header()
-            entry.append(body)
+    grouped = _group_by_name((f.name, f.header(), _sample_lines(f)) for f in families)
     return tuple(FamilyBlock(name, parts[0].encode(), "".join(parts[1:]).encode()) for name, parts in grouped.items())
 
 
 def _passthrough(states: Iterable[SourceState]) -> list[bytes]:
-    grouped: dict[str, list[bytes]] = {}
-    for state in states:
-        if state.reading is None:
-            continue
-        for block in state.reading.blocks:
-            entry = grouped.get(block.name)
-            if entry is None:
-                grouped[block.name] = [block.header, block.body]
-            else:
-                # The first source's header wins; its type is the family's type.
-                entry[0] = entry[0] or block.header
-                entry.append(block.body)
+    """Every source's blocks, one header per family across sources."""
+    grouped = _group_by_name(block for state in states if state.reading for block in state.reading.blocks)
     return [part for parts in grouped.values() for part in parts]
 
 
