@@ -180,7 +180,7 @@ def test_live_vllm_exposition_matches_prometheus_client(vllm_server) -> None:
 def test_extra_labels_are_added_and_samples_pass_through_unchanged() -> None:
     text = 'a{x="1\\"q"} 1.0\nb 2e+06 1700000000000\nc{} NaN\nd{vllm_instance="theirs",y="2"} +Inf\n'
     families = ExpositionReader({"vllm_instance": 'we"ird'}).parse(text)
-    lines = [s[0].exported + s[2] for f in families for s in f.samples]
+    lines = [s[2] for f in families for s in f.samples]
     assert lines == [
         'a{vllm_instance="we\\"ird",x="1\\"q"} 1.0',
         'b{vllm_instance="we\\"ird"} 2e+06 1700000000000',

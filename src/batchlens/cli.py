@@ -70,7 +70,7 @@ def main(log_level: str) -> None:
 def exporter(
     config_path: str | None, engines: tuple[str, ...], listen: str | None, interval: float | None, timeout: float | None
 ) -> None:
-    """Serve vLLM, GPU and host metrics on one Prometheus target.
+    """Serve vLLM and host metrics on one Prometheus target.
 
     Every vLLM sample is passed through unchanged with the label vllm_instance
     added, beside batchlens' derived KV-block and batch-limit view and

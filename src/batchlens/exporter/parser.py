@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -57,22 +57,26 @@ class Series:
     """One distinct series as it appears on the wire, validated once and cached."""
 
     name: str
-    #: The series as on the wire, ``name{labels}``; the same object as the cache's key.
-    text: str
+    #: The sample line up to its closing brace, ``name{labels`` (or just ``name``):
+    #: the same object as the cache's key.
+    key: str
     #: The series text with the reader's extra labels added; what the exporter emits.
     exported: str
+    _labels: tuple[tuple[str, str], ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def labels(self) -> tuple[tuple[str, str], ...]:
-        """The target's own labels, decoded (the text was validated when first seen)."""
-        brace = self.text.find("{")
-        return () if brace == -1 else _parse_labels(self.text[brace + 1 : -1], 0, self.text)
+        """The target's own labels, decoded on first use (the text was validated when first seen)."""
+        if self._labels is None:
+            _, brace, inner = self.key.partition("{")
+            object.__setattr__(self, "_labels", _parse_labels(inner, 0, self.key) if brace else ())
+        return self._labels  # type: ignore[return-value]
 
 
-#: A sample is ``(series, value, rest)``: ``rest`` is the value and optional
-#: timestamp exactly as on the wire, with its leading space, so a sample is
-#: passed through unchanged as ``series.exported + rest``. Plain tuples, because
-#: a real vLLM exposition holds hundreds of them and they are built every tick.
+#: A sample is ``(series, value, line)``: ``line`` is the sample as the reader
+#: exports it, ``series.exported`` followed by the value and optional timestamp
+#: exactly as on the wire. Plain tuples, because a real vLLM exposition holds
+#: hundreds of them and they are built every tick.
 Sample = tuple[Series, float, str]
 
 
@@ -84,31 +88,25 @@ class Family:
     #: The help text as on the wire (still escaped); None when there was no ``# HELP`` line.
     help_raw: str | None = None
     samples: list[Sample] = field(default_factory=list)
+    #: The ``# HELP``/``# TYPE`` lines that introduced the family, as on the wire.
+    header: str = ""
 
     @property
     def help(self) -> str:
         raw = self.help_raw or ""
         return _HELP_ESCAPE.sub(lambda m: _UNESCAPE[m.group(0)], raw) if "\\" in raw else raw
 
-    def header(self) -> str:
-        """The ``# HELP``/``# TYPE`` lines that introduce this family on the wire."""
-        out = ""
-        if self.help_raw is not None:
-            out += f"# HELP {self.name} {self.help_raw}\n" if self.help_raw else f"# HELP {self.name}\n"
-        if self.type is not None:
-            out += f"# TYPE {self.name} {self.type}\n"
-        return out
-
 
 def sample_timestamp_ms(sample: Sample) -> int | None:
     """The sample's timestamp in milliseconds, if the exposition gave one."""
-    parts = sample[2].split()
+    parts = sample[2][len(sample[0].exported) :].split()
     return int(parts[1]) if len(parts) == 2 else None
 
 
-#: A parsed ``# HELP``/``# TYPE`` line: (kind, family name, help text or type, names the type allows).
-_Meta = tuple[str, str, str, frozenset[str]]
-_COMMENT: _Meta = ("", "", "", frozenset())
+#: A parsed ``# HELP``/``# TYPE`` line: (kind, family name, help text or type,
+#: names the type allows, the line as it goes on the wire).
+_Meta = tuple[str, str, str, frozenset[str], str]
+_COMMENT: _Meta = ("", "", "", frozenset(), "")
 
 
 def _allowed_names(name: str, typ: str | None) -> frozenset[str]:
@@ -146,27 +144,27 @@ class ExpositionReader:
                 meta = cache.get(line) or self._parse_meta(line, lineno)
                 if meta is _COMMENT:
                     continue
-                kind, name, payload, type_allowed = meta
+                kind, name, payload, type_allowed, wire = meta
                 if current is None or name != current.name:
-                    current = Family(name, None, None, [])
+                    current = Family(name, None, None, [], wire)
                     families.append(current)
                     append = current.samples.append
                     allowed = type_allowed if kind == "TYPE" else frozenset((name,))
+                else:
+                    current.header += wire
                 if kind == "HELP":
                     current.help_raw = payload
                 else:
                     current.type, allowed = payload, type_allowed
                 continue
 
-            close = line.rfind("}")
-            if close == -1:
+            key, brace, rest = line.rpartition("}")
+            if not brace:
                 split = line.split(None, 1)
                 if len(split) != 2:
                     raise ParseError(lineno, line, "sample without a value")
                 key, rest = split[0], " " + split[1]
-            else:
-                key, rest = line[: close + 1], line[close + 1 :]
-            series = cache.get(key) or self._parse_series(key, lineno, line)
+            series = cache.get(key) or self._parse_series(key, brace, lineno, line)
             try:
                 if "_" in rest:
                     raise ValueError
@@ -175,9 +173,9 @@ class ExpositionReader:
                 value = _value_with_timestamp(rest, lineno, line)
 
             if series.name in allowed:
-                append((series, value, rest))  # type: ignore[misc]
+                append((series, value, series.exported + rest))  # type: ignore[misc]
             else:
-                families.append(Family(series.name, samples=[(series, value, rest)]))
+                families.append(Family(series.name, samples=[(series, value, series.exported + rest)]))
                 current, allowed = None, frozenset()
         if len(cache) > 2 * len(lines) + 64:
             # Series came and went; start over so the cache follows the target's cardinality.
@@ -193,20 +191,21 @@ class ExpositionReader:
             if not _METRIC_NAME.match(name):
                 raise ParseError(lineno, line, "invalid metric name")
             if kind == "HELP":
-                meta = (kind, name, parts[3] if len(parts) == 4 else "", frozenset())
+                meta = (kind, name, parts[3] if len(parts) == 4 else "", frozenset(), line + "\n")
             elif len(parts) < 4:
                 raise ParseError(lineno, line, "TYPE line without a type")
             else:
-                meta = (kind, name, parts[3], _allowed_names(name, parts[3]))
+                meta = (kind, name, parts[3], _allowed_names(name, parts[3]), line + "\n")
         self._cache[line] = meta
         return meta
 
-    def _parse_series(self, key: str, lineno: int, line: str) -> Series:
-        brace = key.find("{")
-        if brace == -1:
+    def _parse_series(self, key: str, brace: str, lineno: int, line: str) -> Series:
+        """``key`` is the sample line up to its closing brace (excluded), or its name alone."""
+        if not brace:
             name, inner = key, None
         else:
-            name, inner = key[:brace].rstrip(), key[brace + 1 : -1]
+            name, _, inner = key.partition("{")
+            name = name.rstrip()
         if not _METRIC_NAME.match(name):
             raise ParseError(lineno, line, "invalid metric name")
         labels = _parse_labels(inner, lineno, line) if inner is not None else ()
@@ -227,16 +226,18 @@ class ExpositionReader:
 
 def _parse_labels(inner: str, lineno: int, line: str) -> tuple[tuple[str, str], ...]:
     labels: list[tuple[str, str]] = []
+    seen: set[str] = set()
     pos, end = 0, len(inner)
     while pos < end:
-        if not inner[pos:].strip():
-            break
         m = _LABEL.match(inner, pos)
         if m is None:
-            raise ParseError(lineno, line, "invalid labels")
+            if inner[pos:].strip():
+                raise ParseError(lineno, line, "invalid labels")
+            break
         key = m.group(1)
-        if any(k == key for k, _ in labels):
+        if key in seen:
             raise ParseError(lineno, line, f"duplicate label {key!r}")
+        seen.add(key)
         labels.append((key, unescape_label_value(m.group(2))))
         pos = m.end()
     return tuple(labels)
@@ -251,10 +252,3 @@ def _value_with_timestamp(rest: str, lineno: int, line: str) -> float:
         return float(parts[0])
     except ValueError:
         raise ParseError(lineno, line, "invalid value or timestamp") from None
-
-
-def families_by_name(families: Iterable[Family]) -> dict[str, list[Family]]:
-    out: dict[str, list[Family]] = {}
-    for fam in families:
-        out.setdefault(fam.name, []).append(fam)
-    return out

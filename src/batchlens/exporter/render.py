@@ -9,7 +9,6 @@ prometheus_client's own renderer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
@@ -19,29 +18,6 @@ from batchlens.exporter import families as fam
 from batchlens.exporter.parser import Family
 from batchlens.exporter.snapshot import FamilyBlock, Snapshot, SourceState
 
-T = TypeVar("T", str, bytes)
-
-
-def _group_by_name(blocks: Iterable[tuple[str, T, T]]) -> dict[str, list[T]]:
-    """(name, header, body) triples -> name: [header, body, body, ...], in first-seen order.
-
-    The first non-empty header wins: with several engines, its type is the family's type.
-    """
-    grouped: dict[str, list[T]] = {}
-    for name, header, body in blocks:
-        entry = grouped.get(name)
-        if entry is None:
-            grouped[name] = [header, body]
-        else:
-            entry[0] = entry[0] or header
-            entry.append(body)
-    return grouped
-
-
-def _sample_lines(family: Family) -> str:
-    lines = [series.exported + rest for series, _, rest in family.samples]
-    return "\n".join(lines) + "\n" if lines else ""
-
 
 def family_blocks(families: Iterable[Family]) -> tuple[FamilyBlock, ...]:
     """Render parsed families for pass-through, one block per family name.
@@ -49,14 +25,28 @@ def family_blocks(families: Iterable[Family]) -> tuple[FamilyBlock, ...]:
     A target may split a family (samples the family's type does not allow each
     come out of the parser as a family of their own); they are joined here.
     """
-    grouped = _group_by_name((f.name, f.header(), _sample_lines(f)) for f in families)
-    return tuple(FamilyBlock(name, parts[0].encode(), "".join(parts[1:]).encode()) for name, parts in grouped.items())
+    blocks: dict[str, FamilyBlock] = {}
+    for family in families:
+        lines = [line for _, _, line in family.samples]
+        body = "\n".join(lines) + "\n" if lines else ""
+        blocks[family.name] = _joined(blocks.get(family.name), FamilyBlock(family.name, family.header, body))
+    return tuple(blocks.values())
 
 
-def _passthrough(states: Iterable[SourceState]) -> list[bytes]:
+def _joined(first: FamilyBlock | None, then: FamilyBlock) -> FamilyBlock:
+    """Two blocks of one family: the first header wins (its type is the family's type)."""
+    if first is None:
+        return then
+    return FamilyBlock(first.name, first.header or then.header, first.body + then.body)
+
+
+def _passthrough(states: Iterable[SourceState]) -> str:
     """Every source's blocks, one header per family across sources."""
-    grouped = _group_by_name(block for state in states if state.reading for block in state.reading.blocks)
-    return [part for parts in grouped.values() for part in parts]
+    blocks: dict[str, FamilyBlock] = {}
+    for state in states:
+        for block in state.reading.blocks if state.reading else ():
+            blocks[block.name] = _joined(blocks.get(block.name), block)
+    return "".join([part for block in blocks.values() for part in (block.header, block.body)])
 
 
 def _merge_by_name(metrics: Iterable[Metric]) -> Iterator[Metric]:
@@ -110,7 +100,4 @@ class SnapshotCollector:
 
 
 def render(snapshot: Snapshot) -> bytes:
-    # One join of the blocks as they are: the body is the only full-size copy made.
-    parts = _passthrough(snapshot.states)
-    parts.append(generate_latest(SnapshotCollector(snapshot)))  # type: ignore[arg-type]
-    return b"".join(parts)
+    return _passthrough(snapshot.states).encode() + generate_latest(SnapshotCollector(snapshot))  # type: ignore[arg-type]

@@ -24,8 +24,8 @@ class FamilyBlock(NamedTuple):
     """
 
     name: str
-    header: bytes  # its "# HELP" / "# TYPE" lines, possibly empty
-    body: bytes  # its sample lines, each ending in a newline
+    header: str  # its "# HELP" / "# TYPE" lines, possibly empty
+    body: str  # its sample lines, each ending in a newline
 
 
 @dataclass(frozen=True, slots=True)
