@@ -117,9 +117,9 @@ class ExpositionReader:
     """Reads successive expositions of one target, caching its series.
 
     ``extra_labels`` are added to every series' ``exported`` form, replacing a
-    label of the same name that the target already set. The cache only holds the
-    series of the latest exposition, so its size follows the target's own
-    cardinality and never grows without bound.
+    label of the same name that the target already set. The cache is dropped
+    when it grows past twice the size of the latest exposition, so it follows the
+    target's own cardinality and never grows without bound.
     """
 
     def __init__(self, extra_labels: Mapping[str, str] | None = None):

@@ -101,7 +101,7 @@ class Sampler:
             source=self.source.kind,
             labels=self.source.labels,
             up=self._failing is None,
-            reading=self._reading if self._failing is None else None,
+            reading=self._reading,
             last_success=self._last_success,
             duration_seconds=duration,
             errors=dict(self._errors),
