@@ -25,28 +25,35 @@ def family_blocks(families: Iterable[Family]) -> tuple[FamilyBlock, ...]:
     A target may split a family (samples the family's type does not allow each
     come out of the parser as a family of their own); they are joined here.
     """
-    blocks: dict[str, FamilyBlock] = {}
-    for family in families:
-        lines = [line for _, _, line in family.samples]
-        body = "\n".join(lines) + "\n" if lines else ""
-        blocks[family.name] = _joined(blocks.get(family.name), FamilyBlock(family.name, family.header, body))
-    return tuple(blocks.values())
+    blocks = (FamilyBlock(f.name, f.header, _sample_lines(f)) for f in families)
+    return tuple(FamilyBlock(name, parts[0], "".join(parts[1:])) for name, parts in _grouped(blocks).items())
 
 
-def _joined(first: FamilyBlock | None, then: FamilyBlock) -> FamilyBlock:
-    """Two blocks of one family: the first header wins (its type is the family's type)."""
-    if first is None:
-        return then
-    return FamilyBlock(first.name, first.header or then.header, first.body + then.body)
+def _sample_lines(family: Family) -> str:
+    lines = [line for _, _, line in family.samples]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _grouped(blocks: Iterable[FamilyBlock]) -> dict[str, list[str]]:
+    """name -> [header, body, body, ...] in first-seen order, joined once by the caller.
+
+    The first non-empty header wins: with several engines, its type is the family's type.
+    """
+    grouped: dict[str, list[str]] = {}
+    for name, header, body in blocks:
+        entry = grouped.get(name)
+        if entry is None:
+            grouped[name] = [header, body]
+        else:
+            entry[0] = entry[0] or header
+            entry.append(body)
+    return grouped
 
 
 def _passthrough(states: Iterable[SourceState]) -> str:
     """Every source's blocks, one header per family across sources."""
-    blocks: dict[str, FamilyBlock] = {}
-    for state in states:
-        for block in state.reading.blocks if state.reading else ():
-            blocks[block.name] = _joined(blocks.get(block.name), block)
-    return "".join([part for block in blocks.values() for part in (block.header, block.body)])
+    blocks = (block for state in states if state.reading for block in state.reading.blocks)
+    return "".join([part for parts in _grouped(blocks).values() for part in parts])
 
 
 def _merge_by_name(metrics: Iterable[Metric]) -> Iterator[Metric]:
