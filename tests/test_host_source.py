@@ -3,40 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from batchlens.config import Engine
-from batchlens.exporter.host_source import HostSource, kernel_settings, listening_pid, process_tree, selected_mode
-from harness.procs import Process, free_port
-
-SERVER_WITH_CHILD = textwrap.dedent(
-    """
-    import socket, subprocess, sys, time
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
-    print("listening", flush=True)
-    time.sleep(600)
-    """
-)
-
-
-@pytest.fixture
-def server_with_child(tmp_path):
-    port = free_port()
-    proc = Process("listener", [sys.executable, "-c", SERVER_WITH_CHILD, str(port)], tmp_path / "listener.log")
-    for _ in range(100):
-        if "listening" in proc.log_tail() and len(psutil.Process(proc.pid).children()) == 1:
-            break
-        time.sleep(0.05)
-    yield port, proc
-    proc.stop()
+from batchlens.exporter.host_source import HostSource, kernel_settings, selected_mode
+from batchlens.exporter.processes import listening_pid, process_tree
 
 
 @pytest.mark.parametrize(

@@ -109,3 +109,36 @@ def test_a_failed_sample_frees_what_it_held_without_waiting_for_the_gc() -> None
         assert refs[0]() is None
     finally:
         gc.enable()
+
+
+def test_a_cancel_that_races_a_finished_sample_still_stops_the_loop() -> None:
+    """The exporter's shutdown cancels every sampler; a sample that fails in the same loop turn
+    (NVML absent, say) must not swallow that cancel and keep the process alive."""
+
+    class InstantFailure:
+        kind, labels = "nvml", ()
+
+        async def sample(self) -> Reading:
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            loop.call_soon(done.set_exception, SourceError("library_not_found", "no NVML"))
+            return await done
+
+    async def cancel_after(turns: int) -> bool:
+        task = asyncio.create_task(Sampler(InstantFailure(), SnapshotStore(), interval=60, deadline=5).run())
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 1)
+        except asyncio.CancelledError:
+            return True
+        except TimeoutError:
+            task.cancel()  # a second cancel reaches the sleep; the first was lost
+            return False
+        return False
+
+    async def go():
+        return [await cancel_after(turns) for turns in range(8)]
+
+    assert asyncio.run(go()) == [True] * 8

@@ -95,7 +95,7 @@ def exporter(
     config = _load(config_path, overrides)
     if not config.engines:
         logging.getLogger("batchlens.exporter").warning(
-            "no engines configured: only host metrics will be exported "
+            "no engines configured: only host and GPU metrics will be exported "
             "(add --engine NAME=URL, or engines: in the config file)"
         )
     try:

@@ -1,19 +1,16 @@
 """The host source: CPU, memory and load, the kernel settings that the article's
 checklist names, and the server process of every engine that runs on this host.
 
-An engine's server process is the one listening on its URL's port. Its
-metrics cover that process and its descendants, because vLLM does the work in
-an EngineCore child process.
+An engine's metrics cover its server process and that process's descendants,
+because vLLM does the work in an EngineCore child process (see processes.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -21,9 +18,8 @@ from prometheus_client.metrics_core import Metric
 
 from batchlens.config import Engine
 from batchlens.exporter import families as fam
+from batchlens.exporter.processes import ProcessTree, ServerPids, process_tree
 from batchlens.exporter.snapshot import Reading
-
-log = logging.getLogger("batchlens.exporter")
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 NUMA_BALANCING = Path("/proc/sys/kernel/numa_balancing")
@@ -56,87 +52,17 @@ def kernel_settings() -> dict[str, str]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessTree:
-    pid: int
-    processes: int
-    resident_bytes: int
-    cpu_seconds: float
-    threads: int
-    affinity_cpus: int | None
-
-
-def listening_pid(port: int) -> int | None:
-    """The process listening on a TCP port here; the parent where several share it."""
-    pids = {
-        c.pid
-        for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
-    }
-    for pid in sorted(pids):
-        try:
-            if psutil.Process(pid).ppid() not in pids:
-                return pid
-        except psutil.Error:
-            continue
-    return None
-
-
-def still_listening(pid: int, port: int) -> bool:
-    try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.Error:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
-
-
-def process_tree(pid: int) -> ProcessTree | None:
-    try:
-        root = psutil.Process(pid)
-        members = [root, *root.children(recursive=True)]
-        affinity = len(root.cpu_affinity()) if hasattr(root, "cpu_affinity") else None
-    except psutil.Error:
-        return None
-    rss = threads = 0
-    cpu = 0.0
-    alive = 0
-    for proc in members:
-        try:
-            with proc.oneshot():
-                rss += proc.memory_info().rss
-                times = proc.cpu_times()
-                cpu += times.user + times.system
-                threads += proc.num_threads()
-            alive += 1
-        except psutil.Error:
-            continue  # a child that just exited
-    return ProcessTree(pid, alive, rss, cpu, threads, affinity)
-
-
 class HostSource:
     kind = "host"
     labels: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, engines: Sequence[Engine], executor: Executor | None = None):
-        self._engines = [e for e in engines if e.is_local]
         self._executor = executor
-        self._pids: dict[str, int] = {}
+        self._servers = ServerPids(engines, "host")
         psutil.cpu_percent(interval=None)  # primes the counter: the next call covers one interval
 
     async def sample(self) -> Reading:
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._sample)
-
-    def _engine_pid(self, engine: Engine) -> int | None:
-        pid = self._pids.get(engine.name)
-        if pid is not None and still_listening(pid, engine.port):
-            return pid
-        pid = listening_pid(engine.port)
-        if pid is None:
-            self._pids.pop(engine.name, None)
-        elif self._pids.get(engine.name) != pid:
-            log.info("host: engine %s is served by pid %d (listening on port %d)", engine.name, pid, engine.port)
-            self._pids[engine.name] = pid
-        return pid
 
     def _sample(self) -> Reading:
         mem = psutil.virtual_memory()
@@ -161,12 +87,7 @@ class HostSource:
                 kernel_settings(),
             ),
         ]
-        trees = {}
-        for engine in self._engines:
-            pid = self._engine_pid(engine)
-            tree = process_tree(pid) if pid is not None else None
-            if tree is not None:
-                trees[engine.name] = tree
+        trees = {name: tree for name, pid in self._servers.resolve().items() if (tree := process_tree(pid))}
         metrics += _engine_process_metrics(trees)
         return Reading(metrics=tuple(metrics))
 

@@ -8,6 +8,7 @@ prometheus_client's own renderer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 from prometheus_client.exposition import generate_latest
@@ -66,17 +67,20 @@ def _merge_by_name(metrics: Iterable[Metric]) -> Iterator[Metric]:
     yield from merged.values()
 
 
+def source_up(samples: Iterable[fam.LabeledValue]) -> Metric:
+    """``batchlens_source_up``. A source may add its own, finer series (one per GPU, say)."""
+    return fam.gauge(
+        "batchlens_source_up", "1 when the last sample of the source succeeded, 0 when it failed.", samples
+    )
+
+
 def _status_metrics(states: Iterable[SourceState]) -> Iterator[Metric]:
     states = list(states)
 
     def labels(state: SourceState, **extra: str) -> dict[str, str]:
         return {"source": state.source, **dict(state.labels), **extra}
 
-    yield fam.gauge(
-        "batchlens_source_up",
-        "1 when the last sample of the source succeeded, 0 when it failed.",
-        [(labels(s), 1.0 if s.up else 0.0) for s in states],
-    )
+    yield source_up([(labels(s), 1.0 if s.up else 0.0) for s in states])
     yield fam.gauge(
         "batchlens_source_last_success_timestamp_seconds",
         "Unix time at which the last successful sample of the source started: its data is at least this fresh.",
@@ -102,8 +106,8 @@ class SnapshotCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield fam.info("batchlens_exporter_build_info", "The batchlens exporter's version.", {"version": __version__})
-        yield from _status_metrics(self._snapshot.states)
-        yield from _merge_by_name(m for s in self._snapshot.states if s.reading for m in s.reading.metrics)
+        readings = (m for s in self._snapshot.states if s.reading for m in s.reading.metrics)
+        yield from _merge_by_name(itertools.chain(_status_metrics(self._snapshot.states), readings))
 
 
 def render(snapshot: Snapshot) -> bytes:

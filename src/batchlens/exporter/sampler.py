@@ -79,7 +79,10 @@ class Sampler:
     async def tick(self) -> SourceState:
         started, started_at = time.monotonic(), time.time()
         try:
-            reading = await asyncio.wait_for(self.source.sample(), self._deadline)
+            # Not asyncio.wait_for: on 3.11 it swallows a cancel that races a sample that
+            # just finished, and the exporter then never stops.
+            async with asyncio.timeout(self._deadline):
+                reading = await self.source.sample()
         except SourceError as exc:
             self._fail(exc.reason, str(exc))
             _drop_tracebacks(exc)

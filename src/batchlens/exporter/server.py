@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from batchlens import __version__
 from batchlens.config import Config, parse_listen
 from batchlens.exporter.host_source import HostSource
+from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.exporter.render import render
 from batchlens.exporter.sampler import Sampler, Source, describe
 from batchlens.exporter.snapshot import SnapshotStore
@@ -42,6 +43,7 @@ class Exporter:
         self._tasks: list[asyncio.Task[None]] = []
         self._body_version = -1
         self._body = b""
+        self._nvml: NvmlSource | None = None
 
     def _worker(self, name: str) -> ThreadPoolExecutor:
         # One thread per kind of blocking work, no more: every thread gets its own
@@ -53,7 +55,7 @@ class Exporter:
     def _sources(self, session: aiohttp.ClientSession) -> list[Source]:
         cfg = self.config.exporter
         parser = self._worker("parse")
-        sources: list[Source] = [
+        engines = [
             VllmSource(
                 engine,
                 session,
@@ -64,10 +66,16 @@ class Exporter:
             )
             for engine in self.config.engines
         ]
+        sources: list[Source] = list(engines)
         # psutil reads other processes' /proc files, which can block for seconds while
         # such a process maps memory (vLLM allocating its KV cache): its own thread, so
         # that parsing never queues behind it.
         sources.append(HostSource(self.config.engines, self._worker("host")))
+        # NVML calls go to the driver, which can take its time with a busy or failing GPU.
+        self._nvml = NvmlSource(
+            self.config.engines, self._worker("nvml"), models=lambda: {e.engine.name: e.model_name for e in engines}
+        )
+        sources.append(self._nvml)
         return sources
 
     async def start(self, _app: web.Application | None = None) -> None:
@@ -91,6 +99,8 @@ class Exporter:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._nvml is not None:
+            await self._nvml.aclose()
         if self._session is not None:
             await self._session.close()
         for executor in self._executors:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from batchlens.admin_api import BATCH_PATH, BatchState, bearer
 from batchlens.config import Engine
-from batchlens.exporter.derive import batch_metrics, kv_block_metrics
+from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
 from batchlens.exporter.parser import ExpositionReader, Family, ParseError
 from batchlens.exporter.render import family_blocks
 from batchlens.exporter.sampler import SourceError
@@ -95,6 +95,8 @@ class VllmSource:
         self._limit = max_response_bytes
         self._token = environ.get(engine.admin_token_env)
         self._reader = ExpositionReader(self._base)
+        #: The model this server serves, as its metrics name it; the NVML source labels the engine's GPUs with it.
+        self.model_name = ""
 
     async def sample(self) -> Reading:
         started = time.monotonic()
@@ -122,6 +124,7 @@ class VllmSource:
                 "parse", f"{self.engine.url}/metrics is not a Prometheus text exposition: {exc}"
             ) from None
         metrics = kv_block_metrics(families, self._base)
+        self.model_name = next((model for model, _ in engines_seen(families) if model), self.model_name)
         soft: tuple[tuple[str, str], ...] = ()
         if isinstance(admin, BatchState):
             metrics += batch_metrics(admin, families, self._base)

@@ -1,0 +1,102 @@
+"""Which vLLM engine uses which GPU. Pure: the process facts come in as arguments.
+
+Two ways, the static one winning:
+
+- **Static**: ``gpus:`` in an engine's config names GPU indexes or UUIDs (a
+  ``MIG-...`` UUID names one MIG instance). For containers that cannot see the
+  host's PIDs, which are the PIDs NVML reports.
+- **Automatic**: NVML lists each GPU's compute processes. A vLLM worker is a
+  descendant of the API server, which listens on the engine URL's port, so
+  walking a process's ancestors up to a listener finds its engine.
+
+Where several engines share a GPU, the GPU goes to the one using the most of
+its memory (then the first by name): a series has one ``vllm_instance``, and
+``batchlens_gpu_process_memory_bytes`` still shows every process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from batchlens.config import Engine
+from batchlens.exporter.gpu_metrics import GpuDevice, GpuProcess
+
+log = logging.getLogger("batchlens.exporter")
+
+
+def static_mapping(engines: Iterable[Engine]) -> dict[str, str]:
+    """GPU index or UUID, as a string -> engine name, from the engines' ``gpus:``."""
+    mapping: dict[str, str] = {}
+    for engine in engines:
+        for gpu in engine.gpus:
+            key = str(gpu)
+            if key in mapping and mapping[key] != engine.name:
+                log.warning(
+                    "nvml: GPU %s is listed under engines %s and %s; using %s",
+                    key,
+                    mapping[key],
+                    engine.name,
+                    mapping[key],
+                )
+                continue
+            mapping[key] = engine.name
+    return mapping
+
+
+def engine_of(lineage: Sequence[int], servers: Mapping[int, str]) -> str | None:
+    """The engine whose server process is ``lineage[0]`` or its nearest ancestor among ``servers`` (pid -> engine)."""
+    for pid in lineage:
+        engine = servers.get(pid)
+        if engine is not None:
+            return engine
+    return None
+
+
+def _static_engine(device: GpuDevice, static: Mapping[str, str]) -> str | None:
+    # A MIG instance belongs to its GPU: naming the GPU maps every instance of it.
+    keys = (device.uuid, str(device.index), device.parent_uuid) if device.is_mig else (device.uuid, str(device.index))
+    return next((static[k] for k in keys if k and k in static), None)
+
+
+def _runs_on(process: GpuProcess, device: GpuDevice) -> bool:
+    return process.gpu == device.index and (not device.is_mig or process.gpu_instance == device.mig_instance)
+
+
+def assign_engines(
+    devices: Iterable[GpuDevice],
+    processes: Sequence[GpuProcess],
+    process_engines: Mapping[int, str],
+    static: Mapping[str, str],
+) -> dict[GpuDevice, str]:
+    """device -> engine name, for the devices an engine uses."""
+    assigned: dict[GpuDevice, str] = {}
+    for device in devices:
+        engine = _static_engine(device, static)
+        if engine is None:
+            memory: dict[str, float] = defaultdict(float)
+            for p in processes:
+                if _runs_on(p, device) and p.pid in process_engines:
+                    memory[process_engines[p.pid]] += p.used_bytes or 0.0
+            if memory:
+                engine = min(memory, key=lambda name: (-memory[name], name))
+        if engine is not None:
+            assigned[device] = engine
+    return assigned
+
+
+def process_owners(
+    processes: Iterable[GpuProcess],
+    process_engines: Mapping[int, str],
+    devices: Iterable[GpuDevice],
+    static: Mapping[str, str],
+) -> dict[int, str]:
+    """pid -> engine: by the process's own ancestry, else by its GPU's static mapping."""
+    by_slot = {(d.index, d.mig_instance): e for d in devices if (e := _static_engine(d, static)) is not None}
+    owners = {}
+    for p in processes:
+        engine = process_engines.get(p.pid) or by_slot.get((p.gpu, p.gpu_instance)) or by_slot.get((p.gpu, ""))
+        if engine:
+            owners[p.pid] = engine
+    return owners
