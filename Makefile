@@ -37,8 +37,9 @@ test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, unit, e2e
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow" -p no:cacheprovider
 
-bench: $(BIN)/batchlens  ## parse/merge/render benchmark on the captured vLLM exposition
+bench: $(BIN)/batchlens  ## benchmarks: parse/merge/render of a vLLM exposition; NVML source cost per GPU
 	$(BIN)/python benchmarks/parse.py tests/data/vllm-0.32.0-cpu.prom
+	$(BIN)/python benchmarks/nvml.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build src/*.egg-info

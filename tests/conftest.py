@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from harness.procs import Process, free_port
+from harness.procs import Process, free_port, start_server_with_child
 from harness.upstreams import Upstreams
 from harness.vllm import VllmServer, start_vllm
 
@@ -39,26 +35,10 @@ def upstreams() -> Iterator[Upstreams]:
     ups.close()
 
 
-SERVER_WITH_CHILD = textwrap.dedent(
-    """
-    import socket, subprocess, sys, time
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
-    print("listening", flush=True)
-    time.sleep(600)
-    """
-)
-
-
 @pytest.fixture
 def server_with_child(tmp_path: Path) -> Iterator[tuple[int, Process]]:
     """A real process tree shaped like vLLM's: a server listening on a port, with one child (the "worker")."""
     port = free_port()
-    proc = Process("listener", [sys.executable, "-c", SERVER_WITH_CHILD, str(port)], tmp_path / "listener.log")
-    for _ in range(100):
-        if "listening" in proc.log_tail() and len(psutil.Process(proc.pid).children()) == 1:
-            break
-        time.sleep(0.05)
+    proc = start_server_with_child(tmp_path, port)
     yield port, proc
     proc.stop()

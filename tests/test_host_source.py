@@ -10,7 +10,8 @@ import pytest
 
 from batchlens.config import Engine
 from batchlens.exporter.host_source import HostSource, kernel_settings, selected_mode
-from batchlens.exporter.processes import listening_pid, process_tree
+from batchlens.exporter.processes import ServerPids, listening_pid, process_tree
+from harness.procs import free_port, start_server_with_child
 
 
 @pytest.mark.parametrize(
@@ -61,3 +62,20 @@ def test_a_stopped_engine_process_disappears(server_with_child) -> None:
     assert "batchlens_engine_process_info" in {m.name for m in asyncio.run(source.sample()).metrics}
     proc.stop()
     assert "batchlens_engine_process_info" not in {m.name for m in asyncio.run(source.sample()).metrics}
+
+
+def test_a_server_is_remembered_while_it_lives_and_a_missing_one_looked_for_again_later(tmp_path) -> None:
+    port = free_port()
+    now = [0.0]
+    engines = [Engine(name="late", url=f"http://127.0.0.1:{port}")]
+    servers = ServerPids(engines, "test", rescan_seconds=30, clock=lambda: now[0])
+    assert servers.resolve() == {}
+    proc = start_server_with_child(tmp_path, port)
+    try:
+        assert listening_pid(port) == proc.pid
+        assert servers.resolve() == {}, "looked for again only after rescan_seconds"
+        now[0] = 31
+        assert servers.resolve() == {"late": proc.pid}
+    finally:
+        proc.stop()
+    assert servers.resolve() == {}, "an exited server is noticed at once"

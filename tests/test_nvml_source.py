@@ -17,11 +17,12 @@ import psutil
 import pynvml
 import pytest
 
-from batchlens.config import Engine
+from batchlens.config import Engine, load_config
 from batchlens.exporter.gpu_metrics import CLOCK_EVENT_REASONS, GPU_METRICS
 from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.exporter.render import render
 from batchlens.exporter.sampler import Sampler, SourceError
+from batchlens.exporter.server import Exporter
 from batchlens.exporter.snapshot import Snapshot, SnapshotStore, SourceState
 from harness.exporter import ExporterProcess, Samples, parse_samples, pick
 from harness.fake_pynvml import (
@@ -221,6 +222,18 @@ def test_an_old_driver_gets_the_older_calls_and_one_log_line_each(caplog) -> Non
         assert sum(symbol in r.getMessage() for r in caplog.records) == 1, symbol
 
 
+def test_a_static_entry_that_names_no_gpu_is_warned_about_once(caplog) -> None:
+    engines = [Engine(name="typo", url="http://10.0.0.9:8000", gpus=[0, "GPU-does-not-exist"])]
+    rig = Rig([h100_sxm(0)], engines)
+    with caplog.at_level(logging.WARNING, "batchlens.exporter"):
+        rig.scrape()
+        rig.scrape()
+    assert [r.getMessage() for r in caplog.records if "no such GPU" in r.getMessage()] == [
+        "nvml: engine typo lists GPU 'GPU-does-not-exist' under gpus:, but this host has no such GPU "
+        "(it has 0, GPU-h100-0000-0)"
+    ]
+
+
 def test_a_process_with_unknown_memory_is_mapped_but_has_no_memory_series(server_with_child) -> None:
     port, proc = server_with_child
     worker = psutil.Process(proc.pid).children()[0].pid
@@ -328,6 +341,15 @@ def test_without_an_nvml_library_the_source_fails_with_one_clear_reason(caplog) 
     assert len(warnings) == 1 and warnings[0].exc_info is None
 
 
+def test_a_driver_that_cannot_count_its_gpus_is_down_and_nvml_released() -> None:
+    rig = Rig([h100_sxm(0)], errors={"nvmlDeviceGetCount_v2": pynvml.NVML_ERROR_DRIVER_NOT_LOADED})
+    with pytest.raises(SourceError) as raised:
+        rig.sample()
+    assert raised.value.reason == "driver_not_loaded" and not rig.fake.initialized
+    rig.fake.errors.clear()
+    assert value(rig.scrape(), "batchlens_source_up", {"source": "nvml", "gpu": "0", "uuid": rig.gpus[0].uuid}) == 1
+
+
 def test_close_frees_gpm_samples_and_shuts_nvml_down() -> None:
     rig = Rig([h100_sxm(0), h100_mig(1)])
     rig.scrape()
@@ -362,6 +384,32 @@ def test_clock_event_reasons_are_nvmls_flags() -> None:
         "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
     }
     assert {reason: bit for bit, reason in CLOCK_EVENT_REASONS} == flags
+
+
+def test_the_exporter_labels_an_engines_gpus_with_the_model_its_metrics_name(upstreams, vllm_exposition) -> None:
+    """The exporter in process: a fake vLLM (served by this process) and a fake GPU whose process is this one."""
+    url = upstreams.add("deepseek", text=vllm_exposition)
+    gpu = h100_sxm(util_mem=42, processes=[FakeProcess(os.getpid(), 10 * GIB)])
+    overrides = {"engines": [{"name": "deepseek", "url": url}], "exporter": {"interval_seconds": 0.2}}
+    exporter = Exporter(load_config(None, overrides, {}), environ={}, nvml=FakeNvml([gpu]).module())
+    mapped = labels(gpu, 0, engine="deepseek", model="/tmp/tinymodel")
+
+    async def run() -> Samples:
+        await exporter.start()
+        try:
+            for _ in range(100):
+                samples = parse_samples(exporter.body().decode())
+                if ("batchlens_gpu_memory_busy_ratio", frozenset(mapped.items())) in samples:
+                    return samples
+                await asyncio.sleep(0.1)
+            pytest.fail(f"no GPU series labelled {mapped}: {sorted(k for k in samples if 'gpu' in k[0])[:3]}")
+        finally:
+            await exporter.stop()
+
+    samples = asyncio.run(run())
+    assert value(samples, "batchlens_gpu_memory_busy_ratio", mapped) == 0.42
+    engine = {"vllm_instance": "deepseek", "model_name": "/tmp/tinymodel", "engine": "0"}
+    assert value(samples, "batchlens_kv_blocks_total", engine) > 0  # the same labels on the engine's own series
 
 
 @pytest.mark.slow

@@ -110,7 +110,8 @@ class GpmData:
 
 
 class FakeNvml:
-    """A driver with GPUs. ``missing`` names C symbols this driver lacks (an older driver)."""
+    """A driver with GPUs. ``missing`` names C symbols this driver lacks (an older driver); ``errors``
+    makes a C symbol fail with an NVML_ERROR_* code."""
 
     def __init__(
         self,
@@ -118,11 +119,13 @@ class FakeNvml:
         *,
         library: bool = True,
         missing: frozenset[str] = frozenset(),
+        errors: dict[str, int] | None = None,
         driver_version: str = "570.86.15",
     ):
         self.gpus = gpus
         self.library = library
         self.missing = set(missing)
+        self.errors = dict(errors or {})  # C symbol -> the NVML_ERROR_* code it answers, on any device
         self.driver_version = driver_version
         self.initialized = False
         self.clock = 1000.0
@@ -171,6 +174,8 @@ class FakeNvml:
             raise error(real.NVML_ERROR_UNINITIALIZED)
         if symbol in self.missing:
             raise error(real.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if symbol in self.errors:
+            raise error(self.errors[symbol])
         if handle is not None:
             if handle.gpu.failure is not None:
                 raise error(handle.gpu.failure)

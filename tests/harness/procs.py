@@ -6,12 +6,15 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 
@@ -87,3 +90,27 @@ class Process:
                 pass
         self._log.close()
         return self.proc.returncode
+
+
+SERVER_WITH_CHILD = textwrap.dedent(
+    """
+    import socket, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+    print("listening", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def start_server_with_child(workdir: Path, port: int) -> Process:
+    """A server listening on ``port`` with one child process, as vLLM's API server has its EngineCore."""
+    proc = Process("listener", [sys.executable, "-c", SERVER_WITH_CHILD, str(port)], workdir / f"listener-{port}.log")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if "listening" in proc.log_tail() and len(psutil.Process(proc.pid).children()) == 1:
+            return proc
+        time.sleep(0.05)
+    proc.stop()
+    pytest.fail(f"listener on port {port} did not start:\n{proc.log_tail()}")

@@ -241,6 +241,7 @@ class NvmlSource:
         self._lineages: dict[int, tuple[int, ...]] = {}
         self._gpus: list[Gpu] | None = None
         self._driver: dict[str, str] = {}
+        self._static_checked = False
 
     async def sample(self) -> Reading:
         models = dict(self._models())  # read on the event loop, where the vLLM sources write it
@@ -265,6 +266,8 @@ class NvmlSource:
         if lost:
             self._calls.soft["gpu_lost"] = "GPU lost, its series dropped: " + "; ".join(lost)
         devices = [r.device for r in readings]
+        if not self._static_checked and not down:
+            self._check_static(devices)
         own = self._process_engines(processes)
         metrics = gpu_families(
             readings,
@@ -281,7 +284,18 @@ class NvmlSource:
         """:meth:`close` in the NVML thread, after any sample still running there; bounded by ``timeout``."""
         loop = asyncio.get_running_loop()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(loop.run_in_executor(self._executor, self.close), timeout)
+            async with asyncio.timeout(timeout):
+                await loop.run_in_executor(self._executor, self.close)
+
+    def _check_static(self, devices: Sequence[GpuDevice]) -> None:
+        """Warn, once, about a ``gpus:`` entry that names no GPU here: most likely a typo."""
+        known = {key for d in devices for key in (str(d.index), d.uuid, d.parent_uuid) if key}
+        for key in sorted(self._static.keys() - known):
+            log.warning(
+                "nvml: engine %s lists GPU %r under gpus:, but this host has no such GPU (it has %s)",
+                self._static[key], key, ", ".join(sorted(known)) or "none",
+            )  # fmt: skip
+        self._static_checked = True
 
     def close(self) -> None:
         if self._gpus is None:
@@ -303,12 +317,19 @@ class NvmlSource:
         n = self._nvml
         try:
             n.nvmlInit()
-            count = n.nvmlDeviceGetCount()
         except n.NVMLError as exc:
             raise SourceError(
                 error_reason(exc),
                 f"NVML is not available ({exc}): no NVIDIA GPU or driver on this host? "
                 "GPU metrics are off; trying again every tick",
+            ) from None
+        try:
+            count = n.nvmlDeviceGetCount()
+        except n.NVMLError as exc:
+            with contextlib.suppress(n.NVMLError):
+                n.nvmlShutdown()
+            raise SourceError(
+                error_reason(exc), f"NVML cannot count the GPUs ({exc}); trying again every tick"
             ) from None
         c = self._calls
         self._driver = {

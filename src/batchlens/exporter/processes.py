@@ -9,7 +9,9 @@ walking from the listener down, or from a worker up.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -35,14 +37,6 @@ def listening_pid(port: int) -> int | None:
     return None
 
 
-def still_listening(pid: int, port: int) -> bool:
-    try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
-    except psutil.Error:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
-
-
 def lineage(pid: int) -> tuple[int, ...]:
     """``pid`` and its ancestors, nearest first; empty if the process is gone or not visible here."""
     try:
@@ -51,35 +45,63 @@ def lineage(pid: int) -> tuple[int, ...]:
         return ()
 
 
-class ServerPids:
-    """Which local process serves each engine, remembered while it keeps listening.
+def _alive(process: psutil.Process) -> bool:
+    """Still the same process (pid and start time), and not a zombie awaiting its parent."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
-    Scanning every socket of the host is the costly part, so it happens only
-    when an engine is new, restarted or gone.
+
+class ServerPids:
+    """Which local process serves each engine, remembered while that process lives.
+
+    Finding a listener means reading every socket of the host, which costs
+    milliseconds on a busy one. So a found server is only checked to be the
+    same running process (pid and start time) on later ticks, and a missing
+    one is looked for again at most every ``rescan_seconds``.
     """
 
-    def __init__(self, engines: Sequence[Engine], source: str):
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        source: str,
+        rescan_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._engines = [e for e in engines if e.is_local]
+        self._clock = clock
         self._source = source
-        self._pids: dict[str, int] = {}
+        self._rescan = rescan_seconds
+        self._servers: dict[str, psutil.Process] = {}
+        self._scanned: dict[str, float] = {}  # engine -> when it was last looked for, while missing
 
     def resolve(self) -> dict[str, int]:
         """engine name -> pid, for the local engines that are up."""
         return {e.name: pid for e in self._engines if (pid := self._pid(e)) is not None}
 
     def _pid(self, engine: Engine) -> int | None:
-        pid = self._pids.get(engine.name)
-        if pid is not None and still_listening(pid, engine.port):
-            return pid
+        server = self._servers.get(engine.name)
+        if server is not None and _alive(server):
+            return server.pid
+        if server is None and self._clock() - self._scanned.get(engine.name, -math.inf) < self._rescan:
+            return None
         pid = listening_pid(engine.port)
-        if pid is None:
-            self._pids.pop(engine.name, None)
-        elif self._pids.get(engine.name) != pid:
-            log.info(
-                "%s: engine %s is served by pid %d (listening on port %d)", self._source, engine.name, pid, engine.port
-            )
-            self._pids[engine.name] = pid
-        return pid
+        try:
+            found = psutil.Process(pid) if pid is not None else None
+        except psutil.Error:
+            found = None
+        if found is None:
+            if server is not None:
+                log.info("%s: engine %s: server pid %d has exited", self._source, engine.name, server.pid)
+            self._servers.pop(engine.name, None)
+            self._scanned[engine.name] = self._clock()
+            return None
+        log.info(
+            "%s: engine %s is served by pid %d (listening on port %d)", self._source, engine.name, pid, engine.port
+        )
+        self._servers[engine.name] = found
+        return found.pid
 
 
 @dataclass(frozen=True, slots=True)

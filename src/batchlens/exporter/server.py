@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 
 import aiohttp
 from aiohttp import web
@@ -34,8 +35,10 @@ _INDEX = """<html><head><title>batchlens exporter</title></head><body>
 class Exporter:
     """Owns the sources, their samplers and the snapshot they publish to."""
 
-    def __init__(self, config: Config, environ: Mapping[str, str] | None = None):
+    def __init__(self, config: Config, environ: Mapping[str, str] | None = None, *, nvml: ModuleType | None = None):
+        """``nvml`` replaces ``pynvml`` (tests pass a fake; see tests/harness/fake_pynvml.py)."""
         self.config = config
+        self._nvml_module = nvml
         self.store = SnapshotStore()
         self._environ = os.environ if environ is None else environ
         self._session: aiohttp.ClientSession | None = None
@@ -73,7 +76,10 @@ class Exporter:
         sources.append(HostSource(self.config.engines, self._worker("host")))
         # NVML calls go to the driver, which can take its time with a busy or failing GPU.
         self._nvml = NvmlSource(
-            self.config.engines, self._worker("nvml"), models=lambda: {e.engine.name: e.model_name for e in engines}
+            self.config.engines,
+            self._worker("nvml"),
+            nvml=self._nvml_module,
+            models=lambda: {e.engine.name: e.model_name for e in engines},
         )
         sources.append(self._nvml)
         return sources

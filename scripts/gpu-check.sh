@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Check the NVML source against a real GPU: run it on a machine with an NVIDIA GPU, from the repo root.
+#
+#   scripts/gpu-check.sh [OUTDIR]        (OUTDIR defaults to $OUT, else ./gpu-check-out)
+#
+# It starts a stand-in engine (a process listening on a port, whose child runs a bf16
+# matmul loop on GPU 0 through PyTorch), starts the exporter with that engine, scrapes
+# /metrics twice 5 s apart while the loop runs, and checks that the values are plausible:
+# memory busy above 0 under load, a peak bandwidth near the data sheet's, the GPU mapped to
+# the engine through the process tree. The scrapes and a summary land in OUTDIR; record the
+# summary in docs/gpu-validation.md.
+#
+# Needs: python3 with torch (CUDA), nvidia-ml-py, aiohttp, click, psutil, prometheus-client,
+# PyYAML and pydantic. The package itself runs from src/ (no install). Wheels of a missing
+# package can be put in ./.whl (pip install --no-index --find-links .whl NAME).
+set -euo pipefail
+
+OUTDIR=${1:-${OUT:-gpu-check-out}}
+mkdir -p "$OUTDIR"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+if ! "$PY" -c "import pydantic" 2>/dev/null && [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --find-links .whl pydantic
+fi
+
+port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+ENGINE_PORT=$(port)
+EXPORTER_PORT=$(port)
+
+# The stand-in engine: a listener (as vLLM's API server) with a GPU worker child (as its EngineCore).
+"$PY" - "$ENGINE_PORT" >"$OUTDIR/engine.log" 2>&1 <<'EOF' &
+import socket, subprocess, sys
+worker = r'''
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + 25
+while time.time() < end:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+'''
+child = subprocess.Popen([sys.executable, "-c", worker])
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+child.wait()
+EOF
+ENGINE_PID=$!
+
+"$PY" -m batchlens --log-level info exporter --engine "gpu-check=http://127.0.0.1:$ENGINE_PORT" \
+    --listen "127.0.0.1:$EXPORTER_PORT" --interval 1 >"$OUTDIR/exporter.log" 2>&1 &
+EXPORTER_PID=$!
+trap 'kill $EXPORTER_PID $ENGINE_PID 2>/dev/null || true' EXIT
+
+sleep 8  # the worker allocates and warms up; the exporter takes two GPM samples
+curl -sf "http://127.0.0.1:$EXPORTER_PORT/metrics" >"$OUTDIR/scrape1.prom"
+sleep 5
+curl -sf "http://127.0.0.1:$EXPORTER_PORT/metrics" >"$OUTDIR/scrape2.prom"
+kill $EXPORTER_PID $ENGINE_PID 2>/dev/null || true
+wait $EXPORTER_PID 2>/dev/null || true
+
+"$PY" - "$OUTDIR" <<'EOF' | tee "$OUTDIR/summary.txt"
+import datetime, pathlib, sys
+from prometheus_client.parser import text_string_to_metric_families
+
+out = pathlib.Path(sys.argv[1])
+print("gpu-check", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+failures = []
+for name in ("scrape1.prom", "scrape2.prom"):
+    samples = [s for f in text_string_to_metric_families((out / name).read_text()) for s in f.samples]
+    gpu = [s for s in samples if s.name.startswith(("batchlens_gpu_", "batchlens_nvml_")) or
+           (s.name == "batchlens_source_up" and s.labels.get("source") == "nvml")]
+    print(f"--- {name}: {len(gpu)} GPU samples")
+    for s in gpu:
+        if s.labels.get("gpu", "0") == "0" and s.name != "batchlens_gpu_clock_event_active":
+            shown = {k: v for k, v in s.labels.items() if k in ("gpu", "gpu_name", "vllm_instance", "pid", "type", "architecture", "bandwidth_basis", "mig_mode", "driver_version")}
+            print(f"{s.name}{shown} {s.value:g}")
+    by_name = {s.name: s for s in gpu if s.labels.get("gpu", "0") == "0"}
+    checks = {
+        "memory busy above 0 under load": by_name.get("batchlens_gpu_memory_busy_ratio", None) is not None and by_name["batchlens_gpu_memory_busy_ratio"].value > 0,
+        "peak bandwidth present": "batchlens_gpu_memory_bandwidth_peak_bytes_per_second" in by_name,
+        "GPM DRAM bandwidth ratio present (Hopper)": "batchlens_gpu_dram_bandwidth_ratio" in by_name,
+        "GPU 0 mapped to the engine": by_name.get("batchlens_gpu_sm_busy_ratio") is not None and by_name["batchlens_gpu_sm_busy_ratio"].labels.get("vllm_instance") == "gpu-check",
+    }
+    peak = by_name.get("batchlens_gpu_memory_bandwidth_peak_bytes_per_second")
+    if peak is not None and "H200" in peak.labels.get("gpu_name", ""):
+        checks["peak within 10% of 4.8 TB/s (H200)"] = abs(peak.value - 4.8e12) <= 0.48e12
+    for what, ok in checks.items():
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(f"{name}: {what}")
+print("RESULT", "pass" if not failures else "fail: " + "; ".join(failures))
+sys.exit(1 if failures else 0)
+EOF
