@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from batchlens.admin_api import TOKEN_ENV
 from harness.procs import Process, free_port, start_server_with_child
 from harness.upstreams import Upstreams
-from harness.vllm import VllmServer, start_vllm
+from harness.vllm import ADMIN_TOKEN, VllmServer, install_plugin, start_vllm
 
 DATA = Path(__file__).parent / "data"
 
@@ -21,9 +22,21 @@ def vllm_exposition() -> str:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """One real vLLM 0.32 on the CPU for the whole session (startup takes about a minute)."""
-    server = start_vllm(tmp_path_factory.mktemp("vllm"))
+def vllm_plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment that loads the batchlens plugin (pip-installed from this checkout) into vLLM."""
+    return install_plugin(tmp_path_factory.mktemp("plugin") / "site")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
+    """One real vLLM 0.32 on the CPU for the whole session, with the batchlens plugin and a token.
+
+    Startup takes about a minute.
+    """
+    server = start_vllm(tmp_path_factory.mktemp("vllm"), env={**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN})
+    # The first batches of each size compile (torch.compile) and stall the engine for
+    # seconds; pay for that here, not inside a test that samples the running batch.
+    server.load(requests=48, concurrency=16, max_tokens=32)
     yield server
     server.process.stop()
 

@@ -13,6 +13,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchlens.admin_api import TOKEN_ENV
 from harness.exporter import ExporterProcess, Samples, one, parse_samples, pick
 from harness.prometheus import PrometheusServer
 
@@ -59,9 +60,8 @@ def compare(vllm_text: str, exported: Samples, instance: str, *, quiescent: bool
 
 @pytest.mark.vllm
 def test_exporter_passes_every_vllm_sample_through_under_load(tmp_path, vllm_server) -> None:
-    exporter = ExporterProcess(
-        tmp_path, [f"cpu={vllm_server.url}"], interval=0.5, timeout=5, env={"BATCHLENS_LOG_LEVEL": "debug"}
-    )
+    env = {"BATCHLENS_LOG_LEVEL": "debug", TOKEN_ENV: vllm_server.admin_token}
+    exporter = ExporterProcess(tmp_path, [f"cpu={vllm_server.url}"], interval=0.5, timeout=5, env=env)
     try:
         checks, running_seen = 0, 0.0
         give_up = time.monotonic() + 120
@@ -92,12 +92,14 @@ def test_exporter_passes_every_vllm_sample_through_under_load(tmp_path, vllm_ser
         assert one(exported, "batchlens_kv_blocks_total", vllm_instance="cpu", engine="0") == blocks
         assert one(exported, "batchlens_kv_blocks_used", vllm_instance="cpu", engine="0") == 0  # all done
         assert one(exported, "batchlens_source_up", vllm_instance="cpu") == 1
-        # No admin API (a plain vLLM answers 404) is not an error. Other reasons are not
-        # asserted: right after a vLLM starts, this VM can stall for seconds while the host
-        # backs fresh guest memory, and a sample may then time out, correctly.
+        # The batchlens plugin's admin API, with the token the exporter was given. Other
+        # reasons are not asserted: right after a vLLM starts, this VM can stall for seconds
+        # while the host backs fresh guest memory, and a sample may then time out, correctly.
         errors = pick(exported, "batchlens_source_errors_total", vllm_instance="cpu")
         assert not [lbl for lbl in errors if dict(lbl)["reason"].startswith("admin")], errors
-        assert not pick(exported, "batchlens_batch_limit")
+        engine = {"vllm_instance": "cpu", "model_name": vllm_server.model, "engine": "0"}
+        assert one(exported, "batchlens_batch_limit", **engine) == 32
+        assert one(exported, "batchlens_batch_capacity", **engine) == 32
         # The host source found the vLLM server process and its EngineCore child.
         assert one(exported, "batchlens_engine_processes", vllm_instance="cpu") >= 2
         assert one(exported, "batchlens_engine_process_info", vllm_instance="cpu", pid=str(vllm_server.process.pid))

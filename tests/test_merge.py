@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from batchlens.admin_api import BatchState
+from batchlens.admin_api import BatchState, combine
 from batchlens.exporter.derive import batch_metrics, kv_block_metrics
 from batchlens.exporter.parser import ExpositionReader
 from batchlens.exporter.render import family_blocks, render
@@ -59,6 +59,20 @@ def test_batch_limit_is_labelled_like_the_engine(vllm_exposition: str) -> None:
     out = parse_samples(render(_snapshot(_state("a", vllm_exposition, admin=state))).decode())
     assert one(out, "batchlens_batch_limit", vllm_instance="a", engine="0") == 8
     assert one(out, "batchlens_batch_capacity", vllm_instance="a", engine="0") == 32
+
+
+def test_with_data_parallelism_each_engine_gets_its_own_limit(vllm_exposition: str) -> None:
+    running = re.search(r"^vllm:num_requests_running\{.*$", vllm_exposition, re.M).group(0)
+    two_engines = vllm_exposition.replace(running, running + "\n" + running.replace('engine="0"', 'engine="1"'))
+    state = combine(
+        [
+            {"engine": 0, "max_num_seqs": 32, "max_num_active_seqs": 8, "num_running": 3, "num_waiting": 0},
+            {"engine": 1, "max_num_seqs": 32, "max_num_active_seqs": 4, "num_running": 4, "num_waiting": 2},
+        ]
+    )
+    out = parse_samples(render(_snapshot(_state("a", two_engines, admin=state))).decode())
+    assert one(out, "batchlens_batch_limit", vllm_instance="a", engine="0") == 8
+    assert one(out, "batchlens_batch_limit", vllm_instance="a", engine="1") == 4
 
 
 def _snapshot(*states: SourceState):

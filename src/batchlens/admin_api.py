@@ -1,14 +1,34 @@
-"""The batchlens admin API contract (DESIGN.md, "Admin API").
+"""The batchlens admin API contract (DESIGN.md, "Admin API"). Pure: no HTTP, no vLLM.
 
 The vLLM plugin and the simulator serve it; the exporter and the remediation
-hook call it. Keeping the models here means both sides validate the same shape.
+hook call it. Keeping the models, the checks and the status codes here means
+every side validates the same shape and answers the same errors.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 BATCH_PATH = "/batchlens/v1/batch"
+INFO_PATH = "/batchlens/v1/info"
+TOKEN_ENV = "BATCHLENS_ADMIN_TOKEN"
+MAX_BODY_BYTES = 4096
+
+
+class EngineBatch(BaseModel):
+    """One engine core's scheduler, as its batchlens utility method reports it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    engine: int = Field(ge=0, description="data-parallel rank")
+    max_num_seqs: int = Field(ge=1)
+    max_num_active_seqs: int = Field(ge=1)
+    num_running: int = Field(ge=0)
+    num_waiting: int = Field(ge=0)
 
 
 class BatchState(BaseModel):
@@ -20,6 +40,89 @@ class BatchState(BaseModel):
     max_num_active_seqs: int = Field(ge=1, description="the admission limit in force (batchlens batch limit)")
     num_running: int = Field(ge=0)
     num_waiting: int = Field(ge=0)
+    #: Each engine core behind the server (several with data parallelism).
+    engines: tuple[EngineBatch, ...] = ()
+
+
+class BatchUpdate(BaseModel):
+    """Body of ``PUT /batchlens/v1/batch``. Strict: ``"4"``, ``4.0`` and ``true`` are not 4."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_num_active_seqs: int
+
+
+class AdminInfo(BaseModel):
+    """Reply of ``GET /batchlens/v1/info``: what the server runs and its fixed limits."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    vllm_version: str
+    batchlens_version: str
+    engines: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    block_size: int = Field(ge=1)
+    num_gpu_blocks: int | None = Field(None, ge=0)
+
+
+class AdminError(Exception):
+    """A refused request: the HTTP status and a message that says what to do."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.message}
+
+
+def check_token(authorization: str | None, token: str | None) -> None:
+    """Raise the contract's 503 (no token configured) or 401 (missing or wrong token)."""
+    if not token:
+        raise AdminError(
+            503,
+            f"the batchlens admin API is disabled: set {TOKEN_ENV} in the server's environment "
+            "(it changes the batch limit, so it is never open without a token)",
+        )
+    scheme, _, given = (authorization or "").partition(" ")
+    # Compared in constant time; the token itself is never echoed or logged.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise AdminError(401, "missing or wrong token: send 'Authorization: Bearer <token>'")
+
+
+def parse_update(body: bytes, max_num_seqs: int) -> int:
+    """The new limit from a PUT body, or the contract's 400 saying what is wrong."""
+    if len(body) > MAX_BODY_BYTES:
+        raise AdminError(400, f"body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        update = BatchUpdate.model_validate(json.loads(body))
+    except (ValueError, UnicodeDecodeError) as exc:
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "body is not JSON"
+        raise AdminError(400, f'expected {{"max_num_active_seqs": <integer>}}: {detail}') from None
+    value = update.max_num_active_seqs
+    if not 1 <= value <= max_num_seqs:
+        raise AdminError(400, f"max_num_active_seqs must be in 1..{max_num_seqs} (max_num_seqs), got {value}")
+    return value
+
+
+def combine(engines: Sequence[Mapping[str, int]]) -> BatchState:
+    """One reply for the whole server from each engine core's state.
+
+    Requests are counted over every engine; the limit is the tightest one in
+    force (after a PUT all engines have the same).
+    """
+    parsed = tuple(EngineBatch.model_validate(e) for e in engines)
+    if not parsed:
+        raise AdminError(503, "the server reports no engine cores")
+    return BatchState(
+        max_num_seqs=min(e.max_num_seqs for e in parsed),
+        max_num_active_seqs=min(e.max_num_active_seqs for e in parsed),
+        num_running=sum(e.num_running for e in parsed),
+        num_waiting=sum(e.num_waiting for e in parsed),
+        engines=parsed,
+    )
 
 
 def bearer(token: str | None) -> dict[str, str]:

@@ -43,11 +43,15 @@ class Process:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             self.argv,
+            stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             cwd=cwd,
-            start_new_session=True,
+            # Its own process group, to signal the whole tree; not its own session: with
+            # the kernel's autogroup scheduling, a new session is a new CPU group, and
+            # vLLM's busy-polling processes then starve its worker (a 30x slowdown here).
+            process_group=0,
         )
 
     @property

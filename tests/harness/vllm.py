@@ -4,6 +4,11 @@ The virtual environment comes from ``make vllm-env`` (cached under ~/.cache, ~3.
 The model is a tiny random Llama that needs no download: ``--load-format dummy``
 with ``--skip-tokenizer-init``, so prompts are token-id lists. Startup takes about
 a minute on two cores, so tests share one server per session.
+
+The batchlens plugin goes in as a user would put it in: ``pip install`` of this
+checkout, built by the vLLM environment's own pip (into a folder on the server's
+PYTHONPATH, so that the shared environment is never changed), then
+``VLLM_PLUGINS=batchlens`` and ``BATCHLENS_ADMIN_TOKEN``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +30,8 @@ import pytest
 from harness.procs import Process, free_port, http_get
 
 VLLM_VERSION = "0.32.0"
+REPO = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "test-admin-token"
 DEFAULT_VENV = Path.home() / ".cache" / "batchlens" / f"vllm-{VLLM_VERSION}"
 MODEL_NAME = "tiny-llama"
 STARTUP_TIMEOUT = float(os.environ.get("BATCHLENS_VLLM_STARTUP_TIMEOUT", "420"))
@@ -57,11 +66,25 @@ def vllm_python() -> Path:
     return python
 
 
+def install_plugin(target: Path) -> dict[str, str]:
+    """``pip install`` this checkout (no dependencies: vLLM has them) into ``target``; the env that loads it."""
+    shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools' build folder would keep deleted modules
+    result = subprocess.run(
+        [str(vllm_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(REPO)],
+        capture_output=True, text=True, cwd=target.parent,
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(f"pip install of batchlens into the vLLM environment failed:\n{result.stderr[-3000:]}")
+    return {"PYTHONPATH": str(target), "VLLM_PLUGINS": "batchlens"}
+
+
 @dataclass
 class VllmServer:
     url: str
     model: str
     process: Process
+    admin_token: str | None = None
 
     def metrics_text(self) -> str:
         status, body = http_get(self.url + "/metrics", timeout=10)
@@ -118,7 +141,9 @@ def start_vllm(
     env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] = (),
     max_num_seqs: int = 32,
+    memory_fraction: float = 0.3,
 ) -> VllmServer:
+    """Start a server and wait for /health. ``memory_fraction`` is --gpu-memory-utilization: on the CPU, of RAM."""
     model_dir = workdir / "tiny-llama"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
@@ -131,7 +156,7 @@ def start_vllm(
         "--served-model-name", MODEL_NAME,
         "--load-format", "dummy",
         "--skip-tokenizer-init",
-        "--gpu-memory-utilization", "0.3",
+        "--gpu-memory-utilization", str(memory_fraction),
         "--max-model-len", "2048",
         "--max-num-seqs", str(max_num_seqs),
         "--host", "127.0.0.1",
@@ -139,7 +164,8 @@ def start_vllm(
         *extra_args,
     ]  # fmt: skip
     process = Process("vllm", argv, workdir / "vllm.log", env=env, cwd=workdir)
-    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, process)
+    token = (env or {}).get("BATCHLENS_ADMIN_TOKEN")
+    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, process, token)
     try:
         process.wait_http(server.url + "/health", timeout=STARTUP_TIMEOUT)
     except BaseException:

@@ -81,19 +81,27 @@ def kv_block_metrics(families: list[Family], base: Mapping[str, str]) -> list[Me
 def batch_metrics(state: BatchState, families: list[Family], base: Mapping[str, str]) -> list[Metric]:
     """``batchlens_batch_limit`` and ``batchlens_batch_capacity`` from the admin API.
 
-    The limit applies to every engine behind the server (data parallel), so each
-    engine the exposition reports gets the same values.
+    With data parallelism the admin API reports each engine core, numbered as
+    vLLM's ``engine`` label numbers them; an engine it does not list gets the
+    server-wide values.
     """
-    labelsets = [_engine_labels(base, m, e) for m, e in engines_seen(families)] or [_engine_labels(base, "", "")]
+    per_engine = {str(e.engine): e for e in state.engines}
+    pairs = engines_seen(families) or [("", "")]
+    limits, capacities = [], []
+    for model_name, engine in pairs:
+        labels = _engine_labels(base, model_name, engine)
+        own = per_engine.get(engine, state)
+        limits.append((labels, own.max_num_active_seqs))
+        capacities.append((labels, own.max_num_seqs))
     return [
         fam.gauge(
             "batchlens_batch_limit",
             "Admission limit into the running batch (max_num_active_seqs), from the batchlens admin API.",
-            [(labels, state.max_num_active_seqs) for labels in labelsets],
+            limits,
         ),
         fam.gauge(
             "batchlens_batch_capacity",
             "The engine's batch capacity (max_num_seqs), from the batchlens admin API.",
-            [(labels, state.max_num_seqs) for labels in labelsets],
+            capacities,
         ),
     ]

@@ -1,0 +1,152 @@
+"""The API-server side of the admin API: ``/batchlens/v1/*`` routes over the engine-side methods.
+
+Every route needs the token from ``BATCHLENS_ADMIN_TOKEN`` (the contract's
+401/503), reads or changes every engine core behind the server (data
+parallelism) and answers in the contract's shapes (batchlens.admin_api).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from batchlens import __version__
+from batchlens.admin_api import (
+    BATCH_PATH,
+    INFO_PATH,
+    TOKEN_ENV,
+    AdminError,
+    AdminInfo,
+    BatchState,
+    check_token,
+    combine,
+    parse_update,
+)
+from batchlens.vllm_plugin.compat import check_installed_vllm
+from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
+
+log = logging.getLogger("vllm.batchlens")
+
+ENGINE_TIMEOUT_SECONDS = 10.0
+STATE_KEY = "batchlens_admin"
+
+
+class AdminService:
+    """The engine client, the token, and a lock that applies changes one at a time."""
+
+    def __init__(self, engine_client: Any, token: str | None, vllm_version: str):
+        self.token = token
+        self._client = engine_client
+        self._vllm_version = vllm_version
+        # Without it, two PUTs could reach the engines of a data-parallel server in
+        # different orders and leave them with different limits.
+        self._lock = asyncio.Lock()
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        """Call a batchlens utility method on every engine core; one result each."""
+        if self._client is None:
+            raise AdminError(503, "this server has no engine (a render-only server): there is no batch to limit")
+        core = self._client.engine_core
+        call_all = getattr(core, "call_utility_all_async", None)
+        try:
+            async with asyncio.timeout(ENGINE_TIMEOUT_SECONDS):
+                if call_all is not None:
+                    return list(await call_all(method, *args))
+                return [await core.call_utility_async(method, *args)]
+        except TimeoutError:
+            raise AdminError(504, f"the engine did not answer {method} within {ENGINE_TIMEOUT_SECONDS:g}s") from None
+        except Exception as exc:
+            raise AdminError(
+                503,
+                f"the engine could not run {method} ({exc}); the engine side of the batchlens plugin loads "
+                "with the general plugin 'batchlens': is VLLM_PLUGINS=batchlens set for the whole server?",
+            ) from None
+
+    async def batch(self) -> BatchState:
+        return combine(await self._all(BATCH_UTILITY))
+
+    async def set_batch(self, body: bytes, client: str) -> BatchState:
+        async with self._lock:
+            before = combine(await self._all(BATCH_UTILITY))
+            limit = parse_update(body, before.max_num_seqs)
+            after = combine(await self._all(BATCH_UTILITY, limit))
+        log.info(
+            "batchlens: max_num_active_seqs %d -> %d on %d engine(s), requested by %s",
+            before.max_num_active_seqs, after.max_num_active_seqs, len(after.engines), client,
+        )  # fmt: skip
+        return after
+
+    async def info(self) -> AdminInfo:
+        engines = await self._all(INFO_UTILITY)
+        first = engines[0]
+        return AdminInfo(vllm_version=self._vllm_version, batchlens_version=__version__, engines=len(engines), **first)
+
+
+Handler = Callable[[AdminService, Request], Awaitable[BaseModel]]
+
+
+def _route(handler: Handler) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """Token first (401/503), then the handler; an AdminError becomes its status and message."""
+
+    async def route(request: Request) -> JSONResponse:
+        service: AdminService | None = getattr(request.app.state, STATE_KEY, None)
+        try:
+            if service is None:
+                raise AdminError(503, "the batchlens admin API is not initialised yet")
+            check_token(request.headers.get("authorization"), service.token)
+            reply = await handler(service, request)
+        except AdminError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(reply.model_dump(mode="json"))
+
+    return route
+
+
+async def _get_batch(service: AdminService, _request: Request) -> BaseModel:
+    return await service.batch()
+
+
+async def _put_batch(service: AdminService, request: Request) -> BaseModel:
+    client = request.client.host if request.client else "unknown"
+    return await service.set_batch(await request.body(), client)
+
+
+async def _get_info(service: AdminService, _request: Request) -> BaseModel:
+    return await service.info()
+
+
+class BatchlensEndpoint:
+    """vLLM's EndpointPlugin protocol (vllm/plugins/endpoint_plugins/interface.py)."""
+
+    name = "batchlens"
+    required_tasks = None  # any server with an engine; a render-only server gets 503s
+
+    def __init__(self) -> None:
+        self.vllm_version, self.refusal = check_installed_vllm()
+
+    def attach_router(self, app: FastAPI) -> None:
+        if self.refusal is not None:
+            log.warning("batchlens: admin API not installed: %s. vLLM runs as usual, without it.", self.refusal)
+            return
+        app.add_api_route(BATCH_PATH, _route(_get_batch), methods=["GET"], include_in_schema=False)
+        app.add_api_route(BATCH_PATH, _route(_put_batch), methods=["PUT"], include_in_schema=False)
+        app.add_api_route(INFO_PATH, _route(_get_info), methods=["GET"], include_in_schema=False)
+
+    async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
+        if self.refusal is not None:
+            return
+        token = os.environ.get(TOKEN_ENV) or None
+        setattr(state, STATE_KEY, AdminService(engine_client, token, self.vllm_version))
+        if token:
+            log.info("batchlens: admin API on %s and %s (token from %s)", BATCH_PATH, INFO_PATH, TOKEN_ENV)
+        else:
+            log.warning(
+                "batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV
+            )

@@ -1,0 +1,101 @@
+"""The admin API contract (DESIGN.md, "Admin API"), as checks any server can be put through.
+
+The vLLM plugin and the simulator both serve this API; their tests call the
+same functions here, over real HTTP, so that the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from batchlens.admin_api import BATCH_PATH, INFO_PATH, BatchState, bearer
+
+
+@dataclass
+class AdminClient:
+    url: str  # the server's base URL
+    token: str | None
+
+    def request(
+        self, method: str, path: str = BATCH_PATH, body: bytes | None = None, token: str | None = "default"
+    ) -> tuple[int, dict]:
+        headers = {"Content-Type": "application/json", **bearer(self.token if token == "default" else token)}
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def state(self) -> BatchState:
+        status, body = self.request("GET")
+        assert status == 200, f"GET {BATCH_PATH} answered {status}: {body}"
+        return BatchState.model_validate(body)
+
+    def put(self, limit: object, token: str | None = "default") -> tuple[int, dict]:
+        return self.request("PUT", body=json.dumps({"max_num_active_seqs": limit}).encode(), token=token)
+
+    def set_limit(self, limit: int) -> BatchState:
+        status, body = self.put(limit)
+        assert status == 200, f"PUT {limit} answered {status}: {body}"
+        return BatchState.model_validate(body)
+
+
+def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
+    """Auth, validation and a change that reads back; the limit ends where it began."""
+    before = admin.state()
+    assert before.max_num_seqs == max_num_seqs
+    assert before.engines and all(e.max_num_seqs == max_num_seqs for e in before.engines)
+
+    for token in (None, "wrong-token"):
+        for method, body in (("GET", None), ("PUT", b'{"max_num_active_seqs": 2}')):
+            status, reply = admin.request(method, body=body, token=token)
+            assert status == 401 and "token" in reply["error"], (method, token, status, reply)
+        assert admin.request("GET", INFO_PATH, token=token)[0] == 401
+
+    bad = [0, -1, "abc", max_num_seqs + 1, 2.0, True, None, [2]]
+    bodies = [json.dumps({"max_num_active_seqs": v}).encode() for v in bad]
+    bodies += [b"{}", b"not json", b"", b'{"max_num_active_seqs": 2, "extra": 1}', b"\xff\xfe", b"[2]"]
+    for body in bodies:
+        status, reply = admin.request("PUT", body=body)
+        assert status == 400 and reply.get("error"), (body, status, reply)
+        assert admin.state().max_num_active_seqs == before.max_num_active_seqs, f"{body!r} changed the limit"
+
+    changed = admin.set_limit(2)
+    assert changed.max_num_active_seqs == 2 and all(e.max_num_active_seqs == 2 for e in changed.engines)
+    assert admin.state().max_num_active_seqs == 2
+    status, info = admin.request("GET", INFO_PATH)
+    assert status == 200 and info["max_num_seqs"] == max_num_seqs and info["engines"] == len(before.engines)
+    assert admin.set_limit(before.max_num_active_seqs).max_num_active_seqs == before.max_num_active_seqs
+
+
+def check_disabled_without_token(admin: AdminClient) -> None:
+    """No token configured: every route answers 503 and says why, whatever the request carries."""
+    for token in (None, "any-token"):
+        for method, path, body in (
+            ("GET", BATCH_PATH, None),
+            ("PUT", BATCH_PATH, b'{"max_num_active_seqs": 1}'),
+            ("GET", INFO_PATH, None),
+        ):
+            status, reply = admin.request(method, path, body, token=token)
+            assert status == 503 and "BATCHLENS_ADMIN_TOKEN" in reply["error"], (method, path, status, reply)
+
+
+def check_concurrent_puts(
+    admin: AdminClient, max_num_seqs: int, puts: int = 50, values: Sequence[int] | None = None
+) -> BatchState:
+    """``puts`` PUTs at once: each succeeds, and one consistent state remains, equal to one of them."""
+    values = list(values or range(1, max_num_seqs + 1))
+    wanted = [values[(i * 7) % len(values)] for i in range(puts)]
+    with ThreadPoolExecutor(puts) as pool:
+        replies = list(pool.map(admin.put, wanted))
+    assert [status for status, _ in replies] == [200] * puts, replies[:3]
+    final = admin.state()
+    assert final.max_num_active_seqs in wanted
+    assert {e.max_num_active_seqs for e in final.engines} == {final.max_num_active_seqs}, final
+    return final

@@ -1,0 +1,110 @@
+"""The admin API contract's pure parts: token check, body validation, data-parallel merge. No I/O."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchlens.admin_api import AdminError, check_token, combine, parse_update
+from batchlens.vllm_plugin.compat import missing_internals, refusal, version_supported
+
+
+def status(fn, *args) -> int:
+    with pytest.raises(AdminError) as raised:
+        fn(*args)
+    return raised.value.status
+
+
+def test_no_token_configured_is_503_whatever_the_request_says() -> None:
+    assert status(check_token, "Bearer anything", None) == 503
+    assert status(check_token, None, "") == 503
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer wrong", "Basic s3cret", "s3cret", "Bearer s3cret2"])
+def test_a_missing_or_wrong_token_is_401(header) -> None:
+    assert status(check_token, header, "s3cret") == 401
+
+
+def test_the_right_token_passes_in_any_scheme_case() -> None:
+    check_token("Bearer s3cret", "s3cret")
+    check_token("bearer s3cret", "s3cret")
+
+
+def test_errors_never_echo_the_token() -> None:
+    with pytest.raises(AdminError) as raised:
+        check_token("Bearer guess", "s3cret")
+    assert "s3cret" not in raised.value.message and "guess" not in raised.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"max_num_active_seqs": 0}', b'{"max_num_active_seqs": -1}', b'{"max_num_active_seqs": "4"}',
+     b'{"max_num_active_seqs": 33}', b'{"max_num_active_seqs": 4.0}', b'{"max_num_active_seqs": true}',
+     b'{"max_num_active_seqs": null}', b"{}", b"[4]", b"4", b"abc", b"", b"\xff",
+     b'{"max_num_active_seqs": 4, "x": 1}', b'{"max_num_active_seqs": 1e400}',
+     b'{"max_num_active_seqs": 4}' + b" " * 5000],
+)  # fmt: skip
+def test_bad_bodies_are_400(body: bytes) -> None:
+    assert status(parse_update, body, 32) == 400
+
+
+def test_a_good_body_gives_its_limit() -> None:
+    assert parse_update(b'{"max_num_active_seqs": 1}', 32) == 1
+    assert parse_update(b'{"max_num_active_seqs": 32}', 32) == 32
+
+
+def test_the_400_names_the_allowed_range() -> None:
+    with pytest.raises(AdminError) as raised:
+        parse_update(b'{"max_num_active_seqs": 33}', 32)
+    assert "1..32" in raised.value.message
+
+
+def test_data_parallel_engines_combine_into_one_state() -> None:
+    state = combine(
+        [
+            {"engine": 0, "max_num_seqs": 32, "max_num_active_seqs": 8, "num_running": 8, "num_waiting": 3},
+            {"engine": 1, "max_num_seqs": 32, "max_num_active_seqs": 16, "num_running": 5, "num_waiting": 0},
+        ]
+    )
+    assert (state.max_num_seqs, state.max_num_active_seqs, state.num_running, state.num_waiting) == (32, 8, 13, 3)
+    assert [e.engine for e in state.engines] == [0, 1]
+    assert status(combine, []) == 503
+
+
+def test_versions_are_matched_by_major_and_minor() -> None:
+    assert version_supported("0.32.0") and version_supported("0.32.5rc1") and version_supported("0.32")
+    assert not version_supported("0.31.2") and not version_supported("0.320.0") and not version_supported("1")
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self.max_num_running_reqs = 8
+        self.max_num_active_reqs = 8
+
+    def schedule(self) -> bool:
+        return len([]) < self.max_num_active_reqs
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return 0, 0
+
+
+class EngineCore:
+    def __init__(self) -> None:
+        self.scheduler = Scheduler()
+
+
+class RenamedScheduler(Scheduler):
+    def __init__(self) -> None:
+        self.max_running = 8
+
+    def schedule(self) -> bool:
+        return True
+
+
+def test_internals_are_checked_in_the_code_not_only_by_name() -> None:
+    assert missing_internals(Scheduler, EngineCore) == []
+    missing = missing_internals(RenamedScheduler, EngineCore)
+    assert "Scheduler.schedule admits by max_num_active_reqs" in missing
+    assert "Scheduler.__init__ sets max_num_active_reqs" in missing
+    assert refusal("0.32.0", Scheduler, EngineCore) is None
+    assert "0.31.0 is not supported (supported: 0.32.x)" in refusal("0.31.0", Scheduler, EngineCore)
+    assert "lacks what the plugin relies on" in refusal("0.32.1", RenamedScheduler, EngineCore)

@@ -1,0 +1,196 @@
+"""The batchlens plugin inside a real vLLM 0.32 on the CPU. No fakes.
+
+The session's server (tests/conftest.py) loads the plugin as a user would:
+pip-installed, ``VLLM_PLUGINS=batchlens``, ``BATCHLENS_ADMIN_TOKEN`` set. Two
+smaller servers of this module's own cover data parallelism and a server with
+no token (``--enforce-eager`` keeps their start under a minute).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from batchlens.admin_api import TOKEN_ENV
+from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
+from harness.exporter import parse_samples, pick
+from harness.vllm import ADMIN_TOKEN, VllmServer, start_vllm, vllm_python
+
+pytestmark = pytest.mark.vllm
+
+CAPACITY = 32  # the session server's --max-num-seqs
+
+
+def admin(server: VllmServer) -> AdminClient:
+    return AdminClient(server.url, server.admin_token)
+
+
+def batch_gauges(server: VllmServer) -> tuple[float, float]:
+    """vLLM's own view: (requests running, requests waiting), over every engine."""
+    samples = parse_samples(server.metrics_text())
+    running = sum(pick(samples, "vllm:num_requests_running").values())
+    waiting = sum(pick(samples, "vllm:num_requests_waiting").values())
+    return running, waiting
+
+
+def wait_for(server: VllmServer, predicate, what: str, timeout: float = 120) -> tuple[float, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        gauges = batch_gauges(server)
+        if predicate(*gauges):
+            return gauges
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not reached within {timeout:.0f}s (running, waiting = {gauges})")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def session_admin(vllm_server: VllmServer) -> Iterator[AdminClient]:
+    """The session server's admin API; the limit is back at the capacity afterwards, for the other tests."""
+    client = admin(vllm_server)
+    yield client
+    client.set_limit(CAPACITY)
+
+
+def test_the_admin_api_keeps_its_contract(session_admin: AdminClient) -> None:
+    check_contract(session_admin, CAPACITY)
+
+
+def test_a_lowered_limit_holds_under_load_and_a_raised_one_lets_the_batch_grow(
+    vllm_server: VllmServer, session_admin: AdminClient
+) -> None:
+    limit, concurrency = 4, 16  # four times the limit in flight
+    with vllm_server.steady_load(concurrency, max_tokens=256):
+        wait_for(vllm_server, lambda running, _: running > limit, "the batch growing past the limit before the PUT")
+        assert session_admin.set_limit(limit).max_num_active_seqs == limit
+        # Requests already running finish; no new one is admitted past the limit.
+        wait_for(vllm_server, lambda running, _: running <= limit, "the running batch draining to the limit")
+        seen = []
+        for _ in range(25):
+            seen.append(batch_gauges(vllm_server))
+            time.sleep(0.2)
+        assert max(running for running, _ in seen) <= limit, seen
+        # vLLM's gauges can dip for one sample between two scheduler steps; the queue must be there throughout.
+        assert sum(waiting > 0 for _, waiting in seen) >= 15, f"the queue should hold the rest: {seen}"
+        state = session_admin.state()
+        assert state.max_num_active_seqs == limit and state.num_running <= limit and state.num_waiting > 0
+        session_admin.set_limit(CAPACITY)
+        wait_for(vllm_server, lambda running, _: running > limit, "the batch growing again after raising the limit")
+
+
+def test_fifty_concurrent_puts_leave_one_state_that_the_scheduler_enforces(
+    vllm_server: VllmServer, session_admin: AdminClient
+) -> None:
+    final = check_concurrent_puts(session_admin, CAPACITY, values=range(1, 7))
+    with vllm_server.steady_load(3 * final.max_num_active_seqs + 2, max_tokens=128):
+        wait_for(vllm_server, lambda _, waiting: waiting > 0, "a queue behind the limit")
+        for _ in range(10):
+            running, _ = batch_gauges(vllm_server)
+            assert running <= final.max_num_active_seqs
+            time.sleep(0.2)
+        session_admin.set_limit(CAPACITY)
+
+
+def test_vllm_is_unaffected_by_the_plugin(vllm_server: VllmServer) -> None:
+    reply = vllm_server.complete(max_tokens=8)
+    assert reply["usage"]["completion_tokens"] == 8
+    assert "vllm:num_requests_running" in vllm_server.metrics_text()
+    log = vllm_server.process.log_path.read_text(errors="replace")
+    assert "Loaded endpoint plugin batchlens" in log
+    assert "batchlens: admin API on /batchlens/v1/batch" in log
+    bad = [line for line in log.splitlines() if ("batchlens" in line and ("ERROR" in line or "Failed" in line))]
+    assert bad == []
+
+
+@pytest.fixture(scope="module")
+def dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
+    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN}
+    server = start_vllm(
+        tmp_path_factory.mktemp("vllm-dp"),
+        env=env,
+        max_num_seqs=16,
+        memory_fraction=0.1,
+        extra_args=("--data-parallel-size", "2", "--enforce-eager"),
+    )
+    yield server
+    server.process.stop()
+
+
+def test_with_data_parallelism_a_change_applies_to_every_engine(dp_server: VllmServer) -> None:
+    client = admin(dp_server)
+    check_contract(client, 16)
+    state = client.set_limit(3)
+    assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
+    assert client.state().engines == state.engines
+    check_concurrent_puts(client, 16)
+
+
+@pytest.fixture(scope="module")
+def tokenless_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
+    server = start_vllm(
+        tmp_path_factory.mktemp("vllm-no-token"),
+        env={**vllm_plugin_env, TOKEN_ENV: ""},
+        max_num_seqs=8,
+        memory_fraction=0.1,
+        extra_args=("--enforce-eager",),
+    )
+    yield server
+    server.process.stop()
+
+
+def test_without_a_token_the_admin_api_is_closed_and_says_why(tokenless_server: VllmServer) -> None:
+    check_disabled_without_token(AdminClient(tokenless_server.url, None))
+    log = tokenless_server.process.log_path.read_text(errors="replace")
+    assert "BATCHLENS_ADMIN_TOKEN is not set: the admin API answers 503" in log
+    assert tokenless_server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+GUARD = textwrap.dedent(
+    """
+    import logging, sys
+    logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(message)s", stream=sys.stdout)
+    import vllm, vllm.v1.core.sched.scheduler as sched
+    from fastapi import FastAPI
+    if sys.argv[1] == "old":
+        vllm.__version__ = "0.31.2"
+    elif sys.argv[1] == "changed":
+        sched.Scheduler = type("Scheduler", (), {"__init__": lambda self: None, "schedule": lambda self: None})
+    from batchlens.vllm_plugin import endpoint, register
+    from vllm.v1.engine.core import EngineCore
+    register()
+    app = FastAPI()
+    plugin = endpoint()
+    plugin.attach_router(app)
+    routes = sorted(r.path for r in app.routes if "batchlens" in getattr(r, "path", ""))
+    print("RESULT", hasattr(EngineCore, "batchlens_batch"), routes)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "installed", "said"),
+    [
+        ("as-is", True, None),
+        ("old", False, "vLLM 0.31.2 is not supported (supported: 0.32.x)"),
+        ("changed", False, "lacks what the plugin relies on: Scheduler.__init__ sets max_num_active_reqs"),
+    ],
+)
+def test_the_plugin_installs_only_on_the_vllm_it_knows(vllm_plugin_env, case: str, installed: bool, said) -> None:
+    """The plugin's own entry points, called in the real vLLM environment with the version or internals changed."""
+    env = {**os.environ, **vllm_plugin_env}
+    done = subprocess.run([str(vllm_python()), "-c", GUARD, case], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    routes = "['/batchlens/v1/batch', '/batchlens/v1/batch', '/batchlens/v1/info']" if installed else "[]"
+    assert result == f"RESULT {installed} {routes}"
+    output = (done.stdout + done.stderr).splitlines()
+    refusals = [line for line in output if "batchlens: admin API not installed" in line]
+    if said:
+        assert len(refusals) == 1 and said in refusals[0], output[-20:]
+    else:
+        assert refusals == []
