@@ -1,0 +1,1 @@
+"""A vLLM-compatible engine with a simulated GPU, for demos and tests without a GPU."""

@@ -1,0 +1,143 @@
+"""The simulator's /metrics, under vLLM 0.32's own names, types, labels and buckets.
+
+Dashboards, rules and the exporter read the simulator exactly as they read a
+real vLLM, so the families here must not drift from vLLM's:
+tests/test_simulator.py compares them with a real vLLM 0.32 exposition.
+vLLM renders its metrics with prometheus_client, and so does this module.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from batchlens.simulator.engine import Engine, SimRequest, StepResult
+
+# vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)  # fmt: skip
+REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                        240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TOKEN_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
+ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+LABELS = ("model_name", "engine")
+
+
+class VllmMetrics:
+    """The engine's counters, gauges and histograms; :meth:`render` gives the text exposition."""
+
+    def __init__(self, engine: Engine, model_name: str, engine_index: int = 0, gpu_memory_utilization: float = 0.9):
+        self.registry = CollectorRegistry()
+        self._engine = engine
+        labels = {"model_name": model_name, "engine": str(engine_index)}
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=r).labels(**labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, LABELS, registry=r).labels(**labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(**labels)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.", (*LABELS, "finished_reason"),
+            registry=r,
+        )  # fmt: skip
+        self.success = {reason: success.labels(**labels, finished_reason=reason) for reason in FINISHED_REASONS}
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS
+        )
+        self.iteration_tokens = histogram(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_BUCKETS
+        )
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_TIME_BUCKETS
+        )
+        self.queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.prefill = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.decode = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_TIME_BUCKETS,
+        )
+        self.inference = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_TIME_BUCKETS,
+        )
+        # No model_name, as in vLLM; the engine and cache facts are labels.
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ("block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization",
+             "num_cpu_blocks", "num_gpu_blocks"),
+            registry=r,
+        ).labels(
+            block_size=str(engine.block_size), cache_dtype="auto", enable_prefix_caching="False",
+            engine=str(engine_index), gpu_memory_utilization=str(gpu_memory_utilization), num_cpu_blocks="None",
+            num_gpu_blocks=str(engine.num_gpu_blocks),
+        ).set(1)  # fmt: skip
+        self.update_gauges()
+
+    def update_gauges(self) -> None:
+        self.running.set(len(self._engine.running))
+        self.waiting.set(len(self._engine.waiting))
+        self.kv_usage.set(self._engine.kv_usage)
+
+    def observe_step(self, step: StepResult) -> None:
+        if step.scheduled_tokens:
+            self.iteration_tokens.observe(step.scheduled_tokens)
+        self.prompt_tokens.inc(step.prefill_tokens)
+        self.generation_tokens.inc(len(step.produced))
+        self.preemptions.inc(step.preempted)
+        for request in step.produced:
+            if len(request.itl) and request.generated > 1:
+                self.itl.observe(request.itl[-1])
+            elif request.generated == 1:
+                self.ttft.observe(request.first_token_at - request.arrival)
+        for request in step.finished:
+            self.observe_finished(request)
+        self.update_gauges()
+
+    def observe_finished(self, request: SimRequest) -> None:
+        self.success[request.finish_reason or "length"].inc()
+        self.request_prompt_tokens.observe(request.prompt_tokens)
+        self.request_generation_tokens.observe(request.generated)
+        self.e2e.observe(request.finished_at - request.arrival)
+        admitted = request.admitted_at if request.admitted_at is not None else request.arrival
+        self.queue.observe(admitted - request.arrival)
+        first = request.first_token_at if request.first_token_at is not None else request.finished_at
+        self.prefill.observe(first - admitted)
+        self.decode.observe(request.finished_at - first)
+        self.inference.observe(request.finished_at - admitted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

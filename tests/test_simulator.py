@@ -1,0 +1,169 @@
+"""The simulator's engine model and its vLLM metrics. Pure: simulated time, no servers.
+
+The fidelity tests compare the simulator's families with a real vLLM 0.32:
+the captured exposition always, and the live CPU server under the `vllm` marker.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from batchlens.simulator.engine import Engine, SimRequest
+from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
+from batchlens.simulator.vllm_metrics import VllmMetrics
+from batchlens.simulator.workload import closed_loop
+from harness.vllm import VllmServer
+
+LIMITS = (1, 2, 4, 8, 16, 32)
+# The families dashboards, rules and the exporter read: none may drift from vLLM's.
+CORE = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
+    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens", "vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+)  # fmt: skip
+CACHE_LABELS_USED = {"block_size", "num_gpu_blocks", "engine", "gpu_memory_utilization"}
+
+
+def engine(**kwargs) -> Engine:
+    return Engine(GPUS[DEFAULT_GPU], MODELS[DEFAULT_MODEL], **{"max_num_seqs": 32, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    runs = {}
+    for limit in LIMITS:
+        e = engine()
+        e.set_limit(limit)
+        runs[limit] = closed_loop(e, concurrency=limit, requests=200)
+    return runs
+
+
+def test_the_articles_curve_gains_shrink_past_batch_eight(sweep) -> None:
+    throughput = {b: run.output_tokens_per_second for b, run in sweep.items()}
+    assert throughput[8] / throughput[1] >= 3, throughput
+    assert throughput[16] / throughput[8] <= 1.3, throughput
+
+
+def test_p99_kv_usage_and_bandwidth_rise_with_the_batch(sweep) -> None:
+    runs = [sweep[b] for b in LIMITS]
+    for smaller, larger in itertools.pairwise(runs):
+        assert larger.p99_e2e_seconds > smaller.p99_e2e_seconds, (smaller, larger)
+        assert larger.mean_kv_usage > smaller.mean_kv_usage, (smaller, larger)
+    # Past batch 8 the KV reads take over and the bandwidth ratio climbs. Below it, compute-bound
+    # prefill steps take a growing share of the time as throughput grows, so it dips a little.
+    bandwidth = [sweep[b].mean_bandwidth_ratio for b in (8, 16, 32)]
+    assert bandwidth == sorted(bandwidth) and bandwidth[-1] == max(run.mean_bandwidth_ratio for run in runs)
+    assert all(0 < run.mean_bandwidth_ratio <= GPUS[DEFAULT_GPU].bandwidth_efficiency for run in runs)
+
+
+def test_the_admission_limit_caps_the_running_batch_at_every_step() -> None:
+    e = engine()
+    e.set_limit(3)
+    for i in range(10):
+        e.add(SimRequest(f"r{i}", 100, 20, 0.0))
+    now = 0.0
+    while e.running or e.waiting:
+        step = e.step(now)
+        now += step.duration
+        assert len(e.running) <= 3
+        assert len(step.produced) <= 3
+    with pytest.raises(ValueError, match=r"1\.\.32"):
+        e.set_limit(33)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget() -> None:
+    e = engine(max_num_batched_tokens=512)
+    e.add(SimRequest("long", 2000, 4, 0.0))
+    steps = []
+    now = 0.0
+    while e.running or e.waiting:
+        step = e.step(now)
+        now += step.duration
+        steps.append(step)
+    assert [s.prefill_tokens for s in steps[:4]] == [512, 512, 512, 464]
+    assert [len(s.produced) for s in steps] == [0, 0, 0, 1, 1, 1, 1]
+
+
+def test_a_full_kv_cache_preempts_the_newest_request_which_recomputes_and_finishes() -> None:
+    e = engine(num_gpu_blocks=40, block_size=16)  # 640 tokens of cache for 4 requests of ~300
+    requests = [SimRequest(f"r{i}", 200, 100, 0.0) for i in range(4)]
+    for r in requests:
+        e.add(r)
+    now = 0.0
+    while e.running or e.waiting:
+        step = e.step(now)
+        now += step.duration
+        assert e.free_blocks >= 0
+    assert e.preemptions > 0 and sum(r.preemptions for r in requests) == e.preemptions
+    assert all(r.generated == 100 and r.finish_reason == "length" for r in requests)
+    assert e.free_blocks == e.num_gpu_blocks  # every block came back
+
+
+def test_a_model_that_does_not_fit_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        Engine(GPUS["t4"], MODELS["dense-67b"])
+
+
+def _shapes(text: str) -> dict[str, tuple[str, frozenset[str], tuple[str, ...]]]:
+    """family -> (type, label names without le, bucket bounds as the text says them)."""
+    shapes = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("vllm:") or family.name.endswith("_created"):
+            continue
+        labels = frozenset(k for s in family.samples for k in s.labels if k != "le")
+        buckets = tuple(dict.fromkeys(s.labels["le"] for s in family.samples if "le" in s.labels))
+        shapes[family.name] = (family.type, labels, buckets)
+    return shapes
+
+
+def simulated_exposition() -> str:
+    e = engine()
+    metrics = VllmMetrics(e, "deepseek-sim")
+    for i in range(6):
+        e.add(SimRequest(f"r{i}", 300, 20, 0.0))
+    now = 0.0
+    while e.running or e.waiting:
+        step = e.step(now)
+        now += step.duration
+        metrics.observe_step(step)
+    return metrics.render().decode()
+
+
+def check_fidelity(real_text: str) -> None:
+    real, ours = _shapes(real_text), _shapes(simulated_exposition())
+    for name in CORE:
+        assert name in real, f"{name} is not in the real exposition: the CORE list is out of date"
+        assert ours.get(name) == real[name], f"{name}: simulator {ours.get(name)} != vLLM {real[name]}"
+    cache = "vllm:cache_config_info"
+    assert CACHE_LABELS_USED <= ours[cache][1] <= real[cache][1], (ours[cache][1], real[cache][1])
+
+
+def test_the_simulators_families_match_a_captured_vllm(vllm_exposition: str) -> None:
+    check_fidelity(vllm_exposition)
+
+
+@pytest.mark.vllm
+def test_the_simulators_families_match_a_live_vllm(vllm_server: VllmServer) -> None:
+    vllm_server.complete(max_tokens=4)
+    check_fidelity(vllm_server.metrics_text())
+
+
+def test_simulated_metrics_count_what_the_engine_did() -> None:
+    text = simulated_exposition()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    base = (("engine", "0"), ("model_name", "deepseek-sim"))
+    assert samples[("vllm:request_success_total", tuple(sorted((*base, ("finished_reason", "length")))))] == 6
+    assert samples[("vllm:generation_tokens_total", base)] == 6 * 20
+    assert samples[("vllm:prompt_tokens_total", base)] == 6 * 300
+    assert samples[("vllm:time_to_first_token_seconds_count", base)] == 6
+    assert samples[("vllm:inter_token_latency_seconds_count", base)] == 6 * 19
+    assert samples[("vllm:num_requests_running", base)] == 0
