@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 from batchlens.simulator.vllm_metrics import VllmMetrics
-from batchlens.simulator.workload import closed_loop
+from batchlens.simulator.workload import closed_loop, drain
 from harness.vllm import VllmServer
 
 LIMITS = (1, 2, 4, 8, 16, 32)
@@ -66,10 +66,7 @@ def test_the_admission_limit_caps_the_running_batch_at_every_step() -> None:
     e.set_limit(3)
     for i in range(10):
         e.add(SimRequest(f"r{i}", 100, 20, 0.0))
-    now = 0.0
-    while e.running or e.waiting:
-        step = e.step(now)
-        now += step.duration
+    for step in drain(e):
         assert len(e.running) <= 3
         assert len(step.produced) <= 3
     with pytest.raises(ValueError, match=r"1\.\.32"):
@@ -79,12 +76,7 @@ def test_the_admission_limit_caps_the_running_batch_at_every_step() -> None:
 def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget() -> None:
     e = engine(max_num_batched_tokens=512)
     e.add(SimRequest("long", 2000, 4, 0.0))
-    steps = []
-    now = 0.0
-    while e.running or e.waiting:
-        step = e.step(now)
-        now += step.duration
-        steps.append(step)
+    steps = list(drain(e))
     assert [s.prefill_tokens for s in steps[:4]] == [512, 512, 512, 464]
     assert [len(s.produced) for s in steps] == [0, 0, 0, 1, 1, 1, 1]
 
@@ -94,10 +86,7 @@ def test_a_full_kv_cache_preempts_the_newest_request_which_recomputes_and_finish
     requests = [SimRequest(f"r{i}", 200, 100, 0.0) for i in range(4)]
     for r in requests:
         e.add(r)
-    now = 0.0
-    while e.running or e.waiting:
-        step = e.step(now)
-        now += step.duration
+    for _ in drain(e):
         assert e.free_blocks >= 0
     assert e.preemptions > 0 and sum(r.preemptions for r in requests) == e.preemptions
     assert all(r.generated == 100 and r.finish_reason == "length" for r in requests)
@@ -126,10 +115,7 @@ def simulated_exposition() -> str:
     metrics = VllmMetrics(e, "deepseek-sim")
     for i in range(6):
         e.add(SimRequest(f"r{i}", 300, 20, 0.0))
-    now = 0.0
-    while e.running or e.waiting:
-        step = e.step(now)
-        now += step.duration
+    for step in drain(e):
         metrics.observe_step(step)
     return metrics.render().decode()
 

@@ -24,6 +24,14 @@ TOKEN_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2
 ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 LABELS = ("model_name", "engine")
+# A finished request's phases: phase -> (vLLM's histogram, its help). All share REQUEST_TIME_BUCKETS.
+REQUEST_TIMES = {
+    "e2e": ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+    "queue": ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
+    "prefill": ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
+    "decode": ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
+    "inference": ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
+}
 
 
 class VllmMetrics:
@@ -70,29 +78,9 @@ class VllmMetrics:
         self.itl = histogram(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
         )
-        self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_TIME_BUCKETS
-        )
-        self.queue = histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            REQUEST_TIME_BUCKETS,
-        )
-        self.prefill = histogram(
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            REQUEST_TIME_BUCKETS,
-        )
-        self.decode = histogram(
-            "vllm:request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.",
-            REQUEST_TIME_BUCKETS,
-        )
-        self.inference = histogram(
-            "vllm:request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.",
-            REQUEST_TIME_BUCKETS,
-        )
+        self.request_time = {
+            phase: histogram(name, doc, REQUEST_TIME_BUCKETS) for phase, (name, doc) in REQUEST_TIMES.items()
+        }
         # No model_name, as in vLLM; the engine and cache facts are labels.
         Gauge(
             "vllm:cache_config_info",
@@ -131,13 +119,17 @@ class VllmMetrics:
         self.success[request.finish_reason or "length"].inc()
         self.request_prompt_tokens.observe(request.prompt_tokens)
         self.request_generation_tokens.observe(request.generated)
-        self.e2e.observe(request.finished_at - request.arrival)
         admitted = request.admitted_at if request.admitted_at is not None else request.arrival
-        self.queue.observe(admitted - request.arrival)
         first = request.first_token_at if request.first_token_at is not None else request.finished_at
-        self.prefill.observe(first - admitted)
-        self.decode.observe(request.finished_at - first)
-        self.inference.observe(request.finished_at - admitted)
+        seconds = {
+            "e2e": request.finished_at - request.arrival,
+            "queue": admitted - request.arrival,
+            "prefill": first - admitted,
+            "decode": request.finished_at - first,
+            "inference": request.finished_at - admitted,
+        }
+        for phase, value in seconds.items():
+            self.request_time[phase].observe(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from batchlens.simulator.engine import Engine, SimRequest
+from batchlens.simulator.engine import Engine, SimRequest, StepResult
 
 ARTICLE_PROMPT_TOKENS = (256, 512, 1024, 2048)
 DEFAULT_OUTPUT_TOKENS = (128, 256, 512)
@@ -28,6 +29,14 @@ class RunSummary:
     mean_kv_usage: float
     mean_bandwidth_ratio: float  # bytes read per second over the run / the GPU's peak bandwidth
     preemptions: int
+
+
+def drain(engine: Engine, now: float = 0.0) -> Iterator[StepResult]:
+    """Step the engine until nothing runs or waits; yields each step."""
+    while engine.running or engine.waiting:
+        step = engine.step(now)
+        now += step.duration
+        yield step
 
 
 def closed_loop(engine: Engine, concurrency: int, requests: int, seed: int = 1) -> RunSummary:
