@@ -104,6 +104,17 @@ class Engine:
     def add(self, request: SimRequest) -> None:
         self.waiting.append(request)
 
+    def abort(self, request: SimRequest, now: float) -> None:
+        """Drop a request whose client went away; its blocks return to the cache."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        else:
+            return
+        self._release(request)
+        request.finished_at, request.finish_reason = now, "abort"
+
     def set_limit(self, limit: int) -> None:
         if not 1 <= limit <= self.max_num_seqs:
             raise ValueError(f"max_num_active_seqs must be in 1..{self.max_num_seqs}, got {limit}")

@@ -1,0 +1,278 @@
+"""``batchlens simulate``: the simulated engine behind an OpenAI-compatible HTTP server.
+
+One task steps the engine. Each step sleeps its simulated duration divided by
+``speed``, then hands the tokens it produced to the waiting requests. While
+the engine is busy, steps follow each other in simulated time whatever the
+host's load: a slow host makes the simulation run slower, never makes the
+latencies it reports larger. When the engine is idle, the simulated clock
+follows the wall clock (x ``speed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from batchlens import __version__
+from batchlens.admin_api import (
+    BATCH_PATH,
+    INFO_PATH,
+    AdminError,
+    AdminInfo,
+    BatchState,
+    check_token,
+    combine,
+    parse_update,
+)
+from batchlens.simulator import openai_api as api
+from batchlens.simulator.engine import Engine, SimRequest
+from batchlens.simulator.gpu import SimulatedGpu
+from batchlens.simulator.vllm_metrics import VllmMetrics
+
+log = logging.getLogger("batchlens.simulator")
+
+VLLM_VERSION = "0.32.0"
+GPU_PATH = "/batchlens/v1/sim/gpu"
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class Pending:
+    request: SimRequest
+    tokens: asyncio.Queue[int | None]  # the count of output tokens after each step; None when finished
+
+
+class Simulator:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_name: str,
+        max_model_len: int,
+        speed: float = 1.0,
+        admin_token: str | None = None,
+    ):
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.speed = speed
+        self.metrics = VllmMetrics(engine, model_name)
+        self.gpu = SimulatedGpu(engine)
+        self._token = admin_token
+        self._pending: dict[str, Pending] = {}
+        self._wake = asyncio.Event()
+        self._anchor_real = time.monotonic()
+        self._anchor_sim = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- simulated time -----------------------------------------------------
+
+    def now(self) -> float:
+        return self._anchor_sim + (time.monotonic() - self._anchor_real) * self.speed
+
+    async def run(self) -> None:
+        busy_until: float | None = None  # end of the last step, while the engine stays busy
+        while True:
+            if not (self.engine.running or self.engine.waiting):
+                busy_until = None
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            start = busy_until if busy_until is not None else self.now()
+            step = self.engine.step(start)
+            await asyncio.sleep(step.duration / self.speed)
+            busy_until = start + step.duration
+            self._anchor_sim, self._anchor_real = busy_until, time.monotonic()
+            self.metrics.observe_step(step)
+            self.gpu.record(step)
+            for request in step.produced:
+                self._pending[request.id].tokens.put_nowait(request.generated)
+            for request in step.finished:
+                self._pending.pop(request.id).tokens.put_nowait(None)
+
+    def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
+        request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
+        pending = self._pending[request.id] = Pending(request, asyncio.Queue())
+        self.engine.add(request)
+        self._wake.set()
+        return pending
+
+    def abort(self, pending: Pending) -> None:
+        """The client went away: stop spending simulated GPU time on it."""
+        if self._pending.pop(pending.request.id, None) is not None:
+            self.engine.abort(pending.request, self.now())
+            self.metrics.success["abort"].inc()
+            self.metrics.update_gauges()
+
+    # -- OpenAI-compatible routes -------------------------------------------
+
+    async def completions(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.read()
+            req = api.parse(body, chat=chat, served_model=self.model_name, max_model_len=self.max_model_len)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(api.ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes"))
+        except api.ApiError as exc:
+            return _error(exc)
+        pending = self.submit(req.prompt_tokens, req.max_tokens)
+        request_id = api.new_id(chat)
+        try:
+            if req.stream:
+                return await self._stream(request, req, request_id, pending)
+            while await pending.tokens.get() is not None:
+                pass
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.abort(pending)
+            raise
+        done = pending.request
+        return web.json_response(api.reply(req, request_id, done.generated, done.finish_reason or "length"))
+
+    async def _stream(
+        self, request: web.Request, req: api.Completion, request_id: str, pending: Pending
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+
+        async def send(payload: object) -> None:
+            await response.write(
+                b"data: " + (payload if isinstance(payload, bytes) else json.dumps(payload).encode()) + b"\n\n"
+            )
+
+        sent = 0
+        while (count := await pending.tokens.get()) is not None:
+            for index in range(sent, count):
+                await send(api.chunk(req, request_id, index, None))
+            sent = count
+        await send(api.chunk(req, request_id, sent, pending.request.finish_reason or "length"))
+        if req.include_usage:
+            await send(api.usage_chunk(req, request_id, pending.request.generated))
+        await send(b"[DONE]")
+        await response.write_eof()
+        return response
+
+    async def models(self, _request: web.Request) -> web.Response:
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.model_name,
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION, "simulator": f"batchlens {__version__}"})
+
+    async def prometheus(self, _request: web.Request) -> web.Response:
+        self.metrics.update_gauges()
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def sim_gpu(self, _request: web.Request) -> web.Response:
+        return web.json_response({"gpus": [self.gpu.report(self.now())]})
+
+    # -- the batchlens admin API (admin_api.py: the same contract as the vLLM plugin) ----
+
+    def _batch(self) -> BatchState:
+        e = self.engine
+        return combine(
+            [
+                {
+                    "engine": 0,
+                    "max_num_seqs": e.max_num_seqs,
+                    "max_num_active_seqs": e.max_num_active_seqs,
+                    "num_running": len(e.running),
+                    "num_waiting": len(e.waiting),
+                }
+            ]
+        )
+
+    async def _get_batch(self, _request: web.Request) -> BatchState:
+        return self._batch()
+
+    async def _put_batch(self, request: web.Request) -> BatchState:
+        before = self.engine.max_num_active_seqs
+        limit = parse_update(await request.read(), self.engine.max_num_seqs)
+        self.engine.set_limit(limit)
+        self._wake.set()  # a raised limit admits waiting requests at the next step
+        log.info("max_num_active_seqs %d -> %d, requested by %s", before, limit, request.remote or "unknown")
+        return self._batch()
+
+    async def _info(self, _request: web.Request) -> AdminInfo:
+        e = self.engine
+        return AdminInfo(
+            vllm_version=VLLM_VERSION,
+            batchlens_version=__version__,
+            engines=1,
+            max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            block_size=e.block_size,
+            num_gpu_blocks=e.num_gpu_blocks,
+        )
+
+    def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo]]):
+        async def route(request: web.Request) -> web.Response:
+            try:
+                check_token(request.headers.get("Authorization"), self._token)
+                reply = await handler(request)
+            except AdminError as exc:
+                return web.json_response(exc.body(), status=exc.status)
+            return web.json_response(reply.model_dump(mode="json"))
+
+        return route
+
+    # -- the app ----------------------------------------------------------------
+
+    async def _start(self, _app: web.Application) -> None:
+        self._anchor_real = time.monotonic()
+        self._task = asyncio.create_task(self.run(), name="simulated engine")
+
+    async def _stop(self, _app: web.Application) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/completions", lambda r: self.completions(r, chat=False))
+        app.router.add_post("/v1/chat/completions", lambda r: self.completions(r, chat=True))
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get(GPU_PATH, self.sim_gpu)
+        app.router.add_get(BATCH_PATH, self._admin(self._get_batch))
+        app.router.add_put(BATCH_PATH, self._admin(self._put_batch))
+        app.router.add_get(INFO_PATH, self._admin(self._info))
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+
+def _error(exc: api.ApiError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+def admin_token(environ: Mapping[str, str], variable: str) -> str | None:
+    token = environ.get(variable) or None
+    if token is None:
+        log.warning("%s is not set: the admin API answers 503 until the simulator restarts with it", variable)
+    return token
+
+
+def serve(simulator: Simulator, host: str, port: int) -> None:
+    log.info(
+        "batchlens simulator (vLLM %s API) serving %s on http://%s:%d", VLLM_VERSION, simulator.model_name, host, port
+    )
+    web.run_app(simulator.app(), host=host, port=port, print=None, access_log=None, shutdown_timeout=2)

@@ -1,0 +1,147 @@
+"""``batchlens simulate`` over real HTTP: the OpenAI API, hostile input, the admin API contract, /metrics.
+
+The simulator is the fake here, by design: it stands in for vLLM on a GPU.
+Its admin API goes through the same contract checks as the vLLM plugin's
+(tests/harness/admin.py).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
+from harness.exporter import ExporterProcess, one, parse_samples, pick
+from harness.procs import http_get
+from harness.simulator import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+MODEL = "deepseek-sim"
+
+
+@pytest.fixture
+def sim(tmp_path) -> Iterator[SimulatorProcess]:
+    simulator = SimulatorProcess(tmp_path, args=("--max-num-seqs", "32", "--max-model-len", "4096"))
+    yield simulator
+    assert simulator.stop() == 0
+
+
+def gauges(sim: SimulatorProcess) -> dict:
+    return parse_samples(http_get(sim.url + "/metrics")[1].decode())
+
+
+def test_completions_and_chat_answer_like_vllm(sim: SimulatorProcess) -> None:
+    status, reply = sim.post("/v1/completions", {"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 7})
+    assert status == 200 and reply["object"] == "text_completion"
+    assert reply["usage"] == {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11}
+    assert reply["choices"][0]["finish_reason"] == "length" and reply["choices"][0]["text"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    status, reply = sim.post("/v1/chat/completions", chat)
+    assert status == 200 and reply["choices"][0]["message"]["role"] == "assistant"
+    assert reply["usage"]["completion_tokens"] == 3
+    models = json.loads(http_get(sim.url + "/v1/models")[1])
+    assert [m["id"] for m in models["data"]] == [MODEL] and models["data"][0]["max_model_len"] == 4096
+    assert json.loads(http_get(sim.url + "/version")[1])["version"] == "0.32.0"
+    samples = gauges(sim)
+    assert one(samples, "vllm:request_success_total", finished_reason="length") == 2
+    assert one(samples, "vllm:generation_tokens_total") == 10
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streaming_sends_one_event_per_token_then_usage_and_done(sim: SimulatorProcess, chat: bool) -> None:
+    payload = {"model": MODEL, "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    payload.update({"messages": [{"role": "user", "content": "hello"}]} if chat else {"prompt": "hello"})
+    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions", json.dumps(payload))
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    events = [line[6:] for line in resp.read().decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    tokens = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None]
+    assert len(tokens) == 5
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "says"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        ({"model": "gpt-9", "prompt": "a"}, 404, "The model `gpt-9` does not exist."),
+        ({"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "max_tokens must be at least 1, got 0."),
+        ({"model": MODEL, "prompt": "a", "max_tokens": -5}, 400, "at least 1"),
+        ({"model": MODEL, "prompt": "a", "max_tokens": "many"}, 400, "must be an integer"),
+        ({"model": MODEL, "prompt": list(range(5000)), "max_tokens": 10}, 400, "maximum context length is 4096"),
+        ({"model": MODEL, "prompt": []}, 400, "prompt must be"),
+        (b'{"model": "deepseek-sim", "prompt": "' + b"x" * (17 * 1024 * 1024) + b'"}', 413, "larger than"),
+    ],
+)
+def test_hostile_requests_get_openai_errors_and_the_server_keeps_serving(sim, payload, status, says) -> None:
+    got, reply = sim.post("/v1/completions", payload)
+    assert got == status and says in reply["error"]["message"], reply
+    assert reply["error"]["code"] == status
+    assert sim.post("/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 2})[0] == 200
+
+
+def test_the_admin_api_keeps_the_contract(sim: SimulatorProcess) -> None:
+    admin = AdminClient(sim.url, sim.token)
+    check_contract(admin, 32)
+    check_concurrent_puts(admin, 32)
+
+
+def test_without_a_token_the_admin_api_is_closed(tmp_path) -> None:
+    sim = SimulatorProcess(tmp_path, token=None)
+    try:
+        check_disabled_without_token(AdminClient(sim.url, None))
+    finally:
+        sim.stop()
+
+
+def test_a_lowered_limit_holds_the_running_batch(sim: SimulatorProcess) -> None:
+    admin = AdminClient(sim.url, sim.token)
+    admin.set_limit(2)
+    request = {"model": MODEL, "prompt": [1] * 64, "max_tokens": 400}
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(sim.post, "/v1/completions", request) for _ in range(8)]
+        seen = []
+        deadline = time.monotonic() + 30
+        while not all(f.done() for f in futures) and time.monotonic() < deadline:
+            samples = gauges(sim)
+            seen.append((one(samples, "vllm:num_requests_running"), one(samples, "vllm:num_requests_waiting")))
+            time.sleep(0.05)
+        assert all(f.result()[0] == 200 for f in futures)
+    assert max(running for running, _ in seen) <= 2, seen
+    assert any(waiting > 0 for _, waiting in seen), seen
+
+
+def test_a_client_that_goes_away_is_aborted(sim: SimulatorProcess) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=30)
+    payload = {"model": MODEL, "prompt": "x", "max_tokens": 3000, "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(payload))
+    resp = conn.getresponse()
+    resp.fp.readline()  # the first event: it is running
+    conn.close()
+    deadline = time.monotonic() + 20
+    while one(gauges(sim), "vllm:request_success_total", finished_reason="abort") < 1:
+        assert time.monotonic() < deadline, "the abandoned request was not aborted"
+        time.sleep(0.1)
+    assert one(gauges(sim), "vllm:num_requests_running") == 0
+
+
+def test_the_exporter_reads_the_simulator_like_a_vllm(tmp_path, sim: SimulatorProcess) -> None:
+    exporter = ExporterProcess(tmp_path, [f"sim={sim.url}"], interval=0.3, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+    try:
+        samples = exporter.wait_for(lambda s: bool(pick(s, "batchlens_batch_limit")), what="the batch limit")
+    finally:
+        exporter.stop()
+    info = json.loads(http_get(sim.url + "/batchlens/v1/info", headers={"Authorization": f"Bearer {sim.token}"})[1])
+    assert one(samples, "batchlens_kv_blocks_total", vllm_instance="sim") == info["num_gpu_blocks"]
+    assert one(samples, "batchlens_batch_limit", vllm_instance="sim", model_name=MODEL, engine="0") == 32
+    assert one(samples, "batchlens_source_up", vllm_instance="sim") == 1
