@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import yaml
 
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
 from harness.exporter import ExporterProcess, one, parse_samples, pick
@@ -135,13 +136,28 @@ def test_a_client_that_goes_away_is_aborted(sim: SimulatorProcess) -> None:
     assert one(gauges(sim), "vllm:num_requests_running") == 0
 
 
-def test_the_exporter_reads_the_simulator_like_a_vllm(tmp_path, sim: SimulatorProcess) -> None:
-    exporter = ExporterProcess(tmp_path, [f"sim={sim.url}"], interval=0.3, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+def test_the_exporter_reads_the_simulator_like_a_vllm_with_its_gpu(tmp_path, sim: SimulatorProcess) -> None:
+    config = tmp_path / "batchlens.yaml"
+    config.write_text(yaml.safe_dump({"engines": [{"name": "sim", "url": sim.url, "simulated_gpu": True}]}))
+    exporter = ExporterProcess(
+        tmp_path, [], interval=0.3, extra_args=("--config", str(config)), env={"BATCHLENS_ADMIN_TOKEN": sim.token}
+    )
+    gpu = {"vllm_instance": "sim", "model_name": MODEL, "gpu": "0"}
+    request = {"model": MODEL, "prompt": [1] * 512, "max_tokens": 2000}
     try:
-        samples = exporter.wait_for(lambda s: bool(pick(s, "batchlens_batch_limit")), what="the batch limit")
+        with ThreadPoolExecutor(8) as pool:
+            load = [pool.submit(sim.post, "/v1/completions", request) for _ in range(8)]
+            busy = exporter.wait_for(
+                lambda s: sum(pick(s, "batchlens_gpu_memory_busy_ratio", **gpu).values()) > 0,
+                what="a busy simulated GPU labelled with its engine and model",
+            )
+            assert all(f.result()[0] == 200 for f in load)
     finally:
         exporter.stop()
     info = json.loads(http_get(sim.url + "/batchlens/v1/info", headers={"Authorization": f"Bearer {sim.token}"})[1])
-    assert one(samples, "batchlens_kv_blocks_total", vllm_instance="sim") == info["num_gpu_blocks"]
-    assert one(samples, "batchlens_batch_limit", vllm_instance="sim", model_name=MODEL, engine="0") == 32
-    assert one(samples, "batchlens_source_up", vllm_instance="sim") == 1
+    assert one(busy, "batchlens_kv_blocks_total", vllm_instance="sim") == info["num_gpu_blocks"]
+    assert one(busy, "batchlens_batch_limit", vllm_instance="sim", model_name=MODEL, engine="0") == 32
+    assert one(busy, "batchlens_source_up", source="simulated_gpu", vllm_instance="sim") == 1
+    assert one(busy, "batchlens_source_up", source="simulated_gpu", gpu="0") == 1
+    assert 0 < one(busy, "batchlens_gpu_dram_bandwidth_ratio", **gpu) <= 1
+    assert one(busy, "batchlens_gpu_memory_bandwidth_peak_bytes_per_second", **gpu) == 2.039e12

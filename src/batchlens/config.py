@@ -60,6 +60,9 @@ class Engine(_Section):
     url: str = Field(description="vLLM base URL; /metrics and /batchlens/v1/* live under it")
     admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
     gpus: list[int | str] = Field(default_factory=list, description="static GPU mapping (indexes or UUIDs)")
+    simulated_gpu: bool = Field(
+        False, description="a `batchlens simulate` server: read its simulated GPU from /batchlens/v1/sim/gpu"
+    )
 
     @field_validator("url")
     @classmethod

@@ -159,6 +159,7 @@ def gpu_families(
     models: Mapping[str, str],
     processes: Iterable[GpuProcess],
     process_engines: Mapping[int, str],
+    source: str = "nvml",
 ) -> list[Metric]:
     """The NVML source's families.
 
@@ -175,11 +176,11 @@ def gpu_families(
         # Up per physical GPU, beside the source's own series: a lost GPU leaves the others alone.
         source_up(
             [
-                ({"source": "nvml", "gpu": str(r.device.index), "uuid": r.device.uuid}, 1)
+                ({"source": source, "gpu": str(r.device.index), "uuid": r.device.uuid}, 1)
                 for r in readings
                 if not r.device.is_mig
             ]
-            + [({"source": "nvml", "gpu": str(d.index), "uuid": d.uuid}, 0) for d in down]
+            + [({"source": source, "gpu": str(d.index), "uuid": d.uuid}, 0) for d in down]
         ),
         fam.gauge(
             "batchlens_gpu_info",

@@ -20,6 +20,7 @@ from batchlens.exporter.host_source import HostSource
 from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.exporter.render import render
 from batchlens.exporter.sampler import Sampler, Source, describe
+from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
 from batchlens.exporter.vllm_source import VllmSource
 
@@ -70,6 +71,15 @@ class Exporter:
             for engine in self.config.engines
         ]
         sources: list[Source] = list(engines)
+
+        def models() -> dict[str, str]:
+            return {e.engine.name: e.model_name for e in engines}
+
+        sources += [
+            SimulatedGpuSource(engine, session, timeout=cfg.timeout_seconds, models=models)
+            for engine in self.config.engines
+            if engine.simulated_gpu
+        ]
         # psutil reads other processes' /proc files, which can block for seconds while
         # such a process maps memory (vLLM allocating its KV cache): its own thread, so
         # that parsing never queues behind it.
@@ -79,7 +89,7 @@ class Exporter:
             self.config.engines,
             self._worker("nvml"),
             nvml=self._nvml_module,
-            models=lambda: {e.engine.name: e.model_name for e in engines},
+            models=models,
         )
         sources.append(self._nvml)
         return sources
