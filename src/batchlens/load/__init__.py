@@ -1,0 +1,1 @@
+"""``batchlens load``: an open-loop load generator for any OpenAI-compatible server."""

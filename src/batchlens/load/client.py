@@ -1,0 +1,88 @@
+"""Send a planned load to an OpenAI-compatible server and time every request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import aiohttp
+
+from batchlens.load.plan import Planned, Result
+
+
+def prompt(tokens: int) -> list[int]:
+    """A prompt of exactly ``tokens`` token ids: servers started without a tokenizer take these as they are."""
+    return [3 + i % 1000 for i in range(tokens)]
+
+
+async def first_model(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        resp.raise_for_status()
+        models = (await resp.json())["data"]
+    if not models:
+        raise ValueError(f"{url}/v1/models lists no model")
+    return models[0]["id"]
+
+
+async def _send(session: aiohttp.ClientSession, url: str, model: str, p: Planned, timeout: float) -> Result:
+    loop = asyncio.get_running_loop()
+    payload: dict = {"model": model, "prompt": prompt(p.prompt_tokens), "max_tokens": p.max_tokens, "ignore_eos": True}
+    if p.stream:
+        payload.update(stream=True, stream_options={"include_usage": True})
+    started = loop.time()
+    try:
+        async with session.post(
+            url + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            if resp.status != 200:
+                return Result(p, False, f"http_{resp.status}")
+            if not p.stream:
+                body = await resp.json()
+                return Result(p, True, e2e=loop.time() - started, output_tokens=body["usage"]["completion_tokens"])
+            first = last = None
+            gaps, events, usage = [], 0, None
+            async for line in resp.content:
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                usage = chunk.get("usage") or usage
+                choices = chunk.get("choices") or []
+                if choices and choices[0].get("finish_reason") is None:
+                    now = loop.time()
+                    if first is None:
+                        first = now
+                    else:
+                        gaps.append(now - last)
+                    last = now
+                    events += 1
+            tokens = usage["completion_tokens"] if usage else events
+            ttft = first - started if first is not None else None
+            return Result(p, True, e2e=loop.time() - started, ttft=ttft, itl=tuple(gaps), output_tokens=tokens)
+    except TimeoutError:
+        return Result(p, False, "timeout")
+    except aiohttp.ClientConnectorError:
+        return Result(p, False, "connect")
+    except (aiohttp.ClientError, ValueError, KeyError):
+        return Result(p, False, "protocol")
+
+
+async def run(
+    url: str, planned: Sequence[Planned], *, model: str | None, timeout: float, max_connections: int
+) -> tuple[str, list[Result], float]:
+    """Send each planned request at its time; return the model used, the results and the wall time."""
+    connector = aiohttp.TCPConnector(limit=max_connections)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        model = model or await first_model(session, url)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def at_its_time(p: Planned) -> Result:
+            await asyncio.sleep(max(0.0, start + p.at - loop.time()))
+            return await _send(session, url, model, p, timeout)
+
+        results = await asyncio.gather(*(at_its_time(p) for p in planned))
+        return model, list(results), loop.time() - start

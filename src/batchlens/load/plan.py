@@ -1,0 +1,123 @@
+"""What a load run sends and what it reports. Pure: no clock, no network.
+
+Arrivals are open-loop: requests go out on their schedule whether or not the
+server keeps up, as users arrive, so a slow server shows as latency rather
+than as a politely lower load.
+
+- ``poisson``: exponential gaps at ``rate`` requests per second.
+- ``bursty``: a Poisson process that alternates ``burst_seconds`` at
+  ``burst_factor`` x the rate with a quiet spell, so that the mean is still ``rate``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ARTICLE_PROMPT_TOKENS = (256, 512, 1024, 2048)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    rate: float  # mean requests per second
+    duration: float  # seconds during which requests are sent
+    arrival: str = "poisson"  # poisson | bursty
+    prompt_tokens: Sequence[int] = ARTICLE_PROMPT_TOKENS
+    output_tokens: Sequence[int] = (128,)
+    stream_share: float = 0.5
+    burst_seconds: float = 2.0
+    burst_factor: float = 3.0
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class Planned:
+    at: float  # seconds after the start
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+
+
+def plan(spec: LoadSpec) -> list[Planned]:
+    if spec.rate <= 0 or spec.duration <= 0:
+        raise ValueError("rate and duration must be positive")
+    if spec.arrival not in ("poisson", "bursty"):
+        raise ValueError(f"arrival must be poisson or bursty, got {spec.arrival!r}")
+    rng = random.Random(spec.seed)
+    period = spec.burst_seconds * spec.burst_factor  # a burst, then quiet: the mean rate is spec.rate
+    out: list[Planned] = []
+    t = 0.0
+    while True:
+        if spec.arrival == "poisson":
+            t += rng.expovariate(spec.rate)
+        else:
+            t += rng.expovariate(spec.rate * spec.burst_factor)
+            if t % period >= spec.burst_seconds:  # landed in the quiet spell: skip to the next burst
+                t = (math.floor(t / period) + 1) * period
+        if t >= spec.duration:
+            return out
+        out.append(
+            Planned(
+                at=t,
+                prompt_tokens=rng.choice(list(spec.prompt_tokens)),
+                max_tokens=rng.choice(list(spec.output_tokens)),
+                stream=rng.random() < spec.stream_share,
+            )
+        )
+
+
+@dataclass
+class Result:
+    planned: Planned
+    ok: bool
+    error: str = ""
+    e2e: float = 0.0
+    ttft: float | None = None  # streamed requests only
+    itl: tuple[float, ...] = ()  # gaps between streamed tokens
+    output_tokens: int = 0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), nearest rank; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def report(results: Sequence[Result], wall_seconds: float) -> dict:
+    ok = [r for r in results if r.ok]
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            errors[r.error] = errors.get(r.error, 0) + 1
+
+    def summary(values: list[float]) -> dict[str, float | None]:
+        return {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
+
+    return {
+        "requests": len(results),
+        "succeeded": len(ok),
+        "errors": errors,
+        "seconds": wall_seconds,
+        "requests_per_second": len(ok) / wall_seconds if wall_seconds else 0.0,
+        "output_tokens_per_second": sum(r.output_tokens for r in ok) / wall_seconds if wall_seconds else 0.0,
+        "ttft_seconds": summary([r.ttft for r in ok if r.ttft is not None]),
+        "itl_seconds": summary([gap for r in ok for gap in r.itl]),
+        "e2e_seconds": summary([r.e2e for r in ok]),
+    }
+
+
+def format_report(rep: dict) -> str:
+    lines = [
+        f"requests {rep['requests']}, succeeded {rep['succeeded']}, errors {rep['errors'] or 'none'}",
+        f"throughput {rep['requests_per_second']:.2f} req/s, {rep['output_tokens_per_second']:.1f} output tokens/s "
+        f"over {rep['seconds']:.1f}s",
+        f"{'latency (s)':12} {'p50':>9} {'p90':>9} {'p99':>9}",
+    ]
+    for name in ("ttft", "itl", "e2e"):
+        cells = [rep[f"{name}_seconds"][p] for p in ("p50", "p90", "p99")]
+        lines.append(f"{name.upper():12} " + " ".join(f"{c:>9.4f}" if c is not None else f"{'-':>9}" for c in cells))
+    return "\n".join(lines)

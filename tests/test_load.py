@@ -1,0 +1,87 @@
+"""``batchlens load``: the plan (pure), then real runs against the simulator and against a real vLLM.
+
+The simulator is the stand-in for vLLM on a GPU; the `vllm` test uses the real CPU server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+
+import pytest
+
+from batchlens.load.plan import LoadSpec, Planned, Result, percentile, plan, report
+from harness.exporter import BATCHLENS, parse_samples, pick
+from harness.procs import http_get
+from harness.simulator import SimulatorProcess
+from harness.vllm import VllmServer
+
+
+def test_poisson_arrivals_average_the_rate_and_repeat_with_the_seed() -> None:
+    spec = LoadSpec(rate=50, duration=20, prompt_tokens=(256, 2048), output_tokens=(64,), stream_share=0.25)
+    planned = plan(spec)
+    assert abs(len(planned) - 1000) < 4 * 1000**0.5  # four standard deviations of a Poisson count
+    assert planned == plan(spec) and planned != plan(LoadSpec(rate=50, duration=20, seed=2))
+    assert all(0 <= a.at < b.at < 20 for a, b in itertools.pairwise(planned))
+    assert {p.prompt_tokens for p in planned} == {256, 2048} and {p.max_tokens for p in planned} == {64}
+    assert 0.2 < sum(p.stream for p in planned) / len(planned) < 0.3
+
+
+def test_bursty_arrivals_come_in_bursts_with_the_same_mean() -> None:
+    spec = LoadSpec(rate=20, duration=60, arrival="bursty", burst_seconds=2, burst_factor=3)
+    planned = plan(spec)
+    assert all(p.at % 6 < 2 for p in planned), "nothing arrives in the quiet 4 s of each 6 s period"
+    assert abs(len(planned) - 1200) < 4 * 1200**0.5
+
+
+def test_the_plan_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        plan(LoadSpec(rate=0, duration=1))
+    with pytest.raises(ValueError):
+        plan(LoadSpec(rate=1, duration=1, arrival="sine"))
+
+
+def test_percentiles_are_nearest_rank_and_errors_are_counted() -> None:
+    assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile([5, 1, 4, 2, 3], 99) == 5
+    assert percentile(list(range(1, 101)), 90) == 90 and percentile([], 50) is None
+    p = Planned(0, 10, 10, True)
+    results = [Result(p, True, e2e=1.0, ttft=0.1, itl=(0.01, 0.03), output_tokens=10), Result(p, False, "timeout")]
+    rep = report(results, 2.0)
+    assert rep["succeeded"] == 1 and rep["errors"] == {"timeout": 1} and rep["output_tokens_per_second"] == 5
+    assert rep["itl_seconds"]["p50"] == 0.01 and rep["ttft_seconds"]["p99"] == 0.1
+
+
+def load(url: str, *args: str) -> dict:
+    done = subprocess.run(
+        [BATCHLENS, "load", "--url", url, "--json", *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def successes(text: str) -> float:
+    return sum(pick(parse_samples(text), "vllm:request_success_total").values())
+
+
+@pytest.mark.slow
+def test_a_run_against_the_simulator_counts_what_the_server_counts(tmp_path) -> None:
+    sim = SimulatorProcess(tmp_path, speed=10)
+    try:
+        rep = load(sim.url, "--rate", "20", "--duration", "3", "--output-tokens", "32,64", "--stream-share", "0.5")
+        served = successes(http_get(sim.url + "/metrics")[1].decode())
+    finally:
+        sim.stop()
+    assert rep["requests"] == rep["succeeded"] == served > 30
+    assert rep["ttft_seconds"]["p50"] is not None and rep["itl_seconds"]["p99"] is not None
+    assert rep["e2e_seconds"]["p50"] <= rep["e2e_seconds"]["p99"]
+
+
+@pytest.mark.vllm
+def test_a_run_against_real_vllm_counts_what_vllm_counts(vllm_server: VllmServer) -> None:
+    before = successes(vllm_server.metrics_text())
+    rep = load(vllm_server.url, "--rate", "4", "--duration", "4", "--prompt-tokens", "16,64", "--output-tokens", "16")
+    after = successes(vllm_server.metrics_text())
+    assert rep["model"] == vllm_server.model
+    assert rep["requests"] == rep["succeeded"] == after - before > 0
+    assert rep["ttft_seconds"]["p50"] is not None
