@@ -40,6 +40,7 @@ test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault
 bench: $(BIN)/batchlens  ## benchmarks: parse/merge/render of a vLLM exposition; NVML source cost per GPU
 	$(BIN)/python benchmarks/parse.py tests/data/vllm-0.32.0-cpu.prom
 	$(BIN)/python benchmarks/nvml.py
+	$(BIN)/python benchmarks/simulator.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build src/*.egg-info

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
-from harness.exporter import ExporterProcess, one, parse_samples, pick
+from harness.exporter import BATCHLENS, ExporterProcess, one, parse_samples, pick
 from harness.procs import http_get
 from harness.simulator import SimulatorProcess
 
@@ -161,3 +162,34 @@ def test_the_exporter_reads_the_simulator_like_a_vllm_with_its_gpu(tmp_path, sim
     assert one(busy, "batchlens_source_up", source="simulated_gpu", gpu="0") == 1
     assert 0 < one(busy, "batchlens_gpu_dram_bandwidth_ratio", **gpu) <= 1
     assert one(busy, "batchlens_gpu_memory_bandwidth_peak_bytes_per_second", **gpu) == 2.039e12
+
+
+def _mean(samples: dict, name: str) -> float:
+    return one(samples, f"{name}_sum") / one(samples, f"{name}_count")
+
+
+def test_the_simulated_latencies_do_not_depend_on_the_speed(tmp_path) -> None:
+    """The same simulated load (3 req/s for 20 simulated seconds) at 4x and at 20x: the simulator's own
+    latency histograms must agree, although at 20x the host has five times less time per step."""
+    means = {}
+    for speed in (4, 20):
+        sim = SimulatorProcess(tmp_path, speed=speed)
+        try:
+            argv = [BATCHLENS, "load", "--url", sim.url, "--json", "--rate", str(3 * speed),
+                    "--duration", str(20 / speed), "--output-tokens", "128", "--seed", "7"]  # fmt: skip
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            samples = gauges(sim)
+        finally:
+            sim.stop()
+        means[speed] = {
+            "requests": one(samples, "vllm:e2e_request_latency_seconds_count"),
+            "e2e": _mean(samples, "vllm:e2e_request_latency_seconds"),
+            "ttft": _mean(samples, "vllm:time_to_first_token_seconds"),
+            "itl": _mean(samples, "vllm:inter_token_latency_seconds"),
+        }
+    slow, fast = means[4], means[20]
+    print(f"\nsimulated means at 4x: {slow}\nsimulated means at 20x: {fast}")
+    assert slow["requests"] == fast["requests"] > 40
+    for key in ("e2e", "ttft", "itl"):
+        assert fast[key] == pytest.approx(slow[key], rel=0.15), (key, slow, fast)

@@ -1,11 +1,9 @@
 """``batchlens simulate``: the simulated engine behind an OpenAI-compatible HTTP server.
 
-One task steps the engine. Each step sleeps its simulated duration divided by
-``speed``, then hands the tokens it produced to the waiting requests. While
-the engine is busy, steps follow each other in simulated time whatever the
-host's load: a slow host makes the simulation run slower, never makes the
-latencies it reports larger. When the engine is idle, the simulated clock
-follows the wall clock (x ``speed``).
+One task steps the engine, paced so that simulated time runs at ``speed``
+times the wall clock, and hands each step's tokens to the waiting requests.
+Requests are stamped with their simulated arrival time, and a slow host makes
+the simulation run late rather than make the latencies it reports larger.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -69,28 +68,43 @@ class Simulator:
         self._token = admin_token
         self._pending: dict[str, Pending] = {}
         self._wake = asyncio.Event()
-        self._anchor_real = time.monotonic()
-        self._anchor_sim = 0.0
+        self._arrivals: deque[SimRequest] = deque()  # submitted, not yet reached by simulated time
+        self._t0 = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
     # -- simulated time -----------------------------------------------------
 
     def now(self) -> float:
-        return self._anchor_sim + (time.monotonic() - self._anchor_real) * self.speed
+        """Simulated seconds since the start: the wall clock x speed."""
+        return (time.monotonic() - self._t0) * self.speed
+
+    def _busy(self) -> bool:
+        return bool(self.engine.running or self.engine.waiting)
 
     async def run(self) -> None:
-        busy_until: float | None = None  # end of the last step, while the engine stays busy
+        """Step the engine in simulated time, paced to the wall clock, never ahead of it.
+
+        A request enters the engine only once simulated time has reached its arrival,
+        and steps follow each other in simulated time. When the host cannot keep up,
+        the simulation runs late in wall-clock terms, but what it simulates (and so the
+        latencies it reports) stays what it would have been on an idle host.
+        """
+        clock: float | None = None  # simulated time of the next step, while there is work
         while True:
-            if not (self.engine.running or self.engine.waiting):
-                busy_until = None
+            if not self._busy() and not self._arrivals:
+                clock = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            start = busy_until if busy_until is not None else self.now()
-            step = self.engine.step(start)
-            await asyncio.sleep(step.duration / self.speed)
-            busy_until = start + step.duration
-            self._anchor_sim, self._anchor_real = busy_until, time.monotonic()
+            if clock is None:
+                clock = self.now()
+            if not self._busy() and self._arrivals[0].arrival > clock:
+                clock = self._arrivals[0].arrival  # idle until the next arrival
+            while self._arrivals and self._arrivals[0].arrival <= clock:
+                self.engine.add(self._arrivals.popleft())
+            step = self.engine.step(clock)
+            clock += step.duration
+            await asyncio.sleep(max(0.0, self._t0 + clock / self.speed - time.monotonic()))
             self.metrics.observe_step(step)
             self.gpu.record(step)
             for request in step.produced:
@@ -101,13 +115,15 @@ class Simulator:
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
         request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
         pending = self._pending[request.id] = Pending(request, asyncio.Queue())
-        self.engine.add(request)
+        self._arrivals.append(request)
         self._wake.set()
         return pending
 
     def abort(self, pending: Pending) -> None:
         """The client went away: stop spending simulated GPU time on it."""
         if self._pending.pop(pending.request.id, None) is not None:
+            if pending.request in self._arrivals:
+                self._arrivals.remove(pending.request)
             self.engine.abort(pending.request, self.now())
             self.metrics.success["abort"].inc()
             self.metrics.update_gauges()
@@ -236,7 +252,7 @@ class Simulator:
     # -- the app ----------------------------------------------------------------
 
     async def _start(self, _app: web.Application) -> None:
-        self._anchor_real = time.monotonic()
+        self._t0 = time.monotonic()
         self._task = asyncio.create_task(self.run(), name="simulated engine")
 
     async def _stop(self, _app: web.Application) -> None:
