@@ -13,23 +13,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-BATCHLENS = str(Path(sys.executable).parent / "batchlens")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness.simulator import SimulatorProcess
 
 
 async def rate(url: str, requests: int, concurrency: int, completion: bool) -> float:
@@ -58,24 +52,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [BATCHLENS, "simulate", "--listen", f"127.0.0.1:{port}", "--speed", "1000", "--max-num-seqs", "256"]
-    server = subprocess.Popen(argv, stderr=subprocess.DEVNULL, env={**os.environ, "BATCHLENS_ADMIN_TOKEN": "bench"})
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        completions, health = [], []
-        for _ in range(args.rounds):
-            completions.append(asyncio.run(rate(url, args.requests, args.concurrency, True)))
-            health.append(asyncio.run(rate(url, args.requests, args.concurrency, False)))
-    finally:
-        server.terminate()
-        server.wait(10)
+    completions, health = [], []
+    with tempfile.TemporaryDirectory() as workdir:
+        server = SimulatorProcess(Path(workdir), speed=1000, args=("--max-num-seqs", "256"))
+        try:
+            for _ in range(args.rounds):
+                completions.append(asyncio.run(rate(server.url, args.requests, args.concurrency, True)))
+                health.append(asyncio.run(rate(server.url, args.requests, args.concurrency, False)))
+        finally:
+            server.stop()
     c, h = statistics.median(completions), statistics.median(health)
     print(
         f"one simulator process, {args.requests} requests per round, {args.concurrency} in flight, {args.rounds} rounds"
