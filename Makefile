@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 VLLM_VERSION := 0.32.0
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 
-.PHONY: help test test-fast lint format system-deps vllm-env bench clean
+.PHONY: help test test-fast lint format system-deps vllm-env bench build clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -31,8 +31,12 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, unit, e2e (Prometheus) and vllm (real vLLM) tests
+test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
+	$(BIN)/batchlens build --check
 	$(BIN)/pytest -m "" -p no:cacheprovider
+
+build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/*.yml) from the code
+	$(BIN)/batchlens build
 
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow" -p no:cacheprovider

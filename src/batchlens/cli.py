@@ -243,6 +243,30 @@ def load(
         sys.exit(1)
 
 
+@main.command()
+@config_option
+@click.option("--out", type=click.Path(file_okay=False), default="alerts", show_default=True,
+              help="Folder for the generated rule files.")  # fmt: skip
+@click.option("--check", is_flag=True, help="Write nothing; fail if a generated file is missing or stale.")
+def build(config_path: str | None, out: str, check: bool) -> None:
+    """Generate the Prometheus recording and alert rules from the code and the config's thresholds.
+
+    The files are committed, so `docker compose up` needs no build step; CI runs
+    `batchlens build --check` to catch a file that no longer matches the code.
+    """
+    from pathlib import Path
+
+    from batchlens.rules.build import build as write
+
+    try:
+        stale = write(_load(config_path, {}), Path(out), check=check)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if stale:
+        raise click.ClickException(f"stale generated files (run `batchlens build`): {', '.join(stale)}")
+    click.echo(f"{out}: {'up to date' if check else 'written'}")
+
+
 @main.group("config")
 def config_group() -> None:
     """Inspect the configuration."""

@@ -1,0 +1,1 @@
+"""Prometheus recording and alert rules as code: ``batchlens build`` writes them to alerts/*.yml."""

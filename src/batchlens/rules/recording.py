@@ -1,0 +1,99 @@
+"""Recording rules, named ``level:metric:operation`` as in the monitoring mixins. Pure.
+
+Every rule aggregates by ``vllm_instance`` and ``model_name`` (plus ``engine``
+where a rule serves the per-engine breaker), so that dashboards and alerts
+read one consistent label set. Queries name vLLM 0.32's real series: counters
+end in ``_total`` and ``le`` bounds are the strings vLLM writes ("0.5").
+Renamed metrics are read under both names with ``or``.
+"""
+
+from __future__ import annotations
+
+from batchlens.config import Thresholds
+
+BY = "vllm_instance, model_name"
+BY_ENGINE = "vllm_instance, model_name, engine"
+LEVEL = "vllm_instance_model_name"
+LEVEL_ENGINE = "vllm_instance_model_name_engine"
+WINDOWS = ("1m", "5m")
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+#: latency name -> the vLLM histogram(s) behind it, newest name first (vLLM 0.10 renamed the ITL one).
+LATENCIES: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue": ("vllm:request_queue_time_seconds",),
+}
+#: The bucket bounds of each latency histogram in vLLM 0.32: a breaker threshold must be one of them.
+BUCKETS: dict[str, tuple[float, ...]] = {
+    "ttft": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+             40.0, 80.0, 160.0, 640.0, 2560.0),
+    "itl": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
+    "e2e": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+            960.0, 1920.0, 7680.0),
+}  # fmt: skip
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def either(*queries: str) -> str:
+    """The first query that has data: a metric read under its new and its old name."""
+    return " or ".join(f"({q})" if len(queries) > 1 else q for q in queries)
+
+
+def le(seconds: float) -> str:
+    """A bucket bound as vLLM's prometheus_client writes it: 0.5 -> "0.5", 1 -> "1.0"."""
+    return repr(float(seconds))
+
+
+def slow_ratio_name(latency: str, window: str = "1m") -> str:
+    return f"{LEVEL_ENGINE}:{LATENCIES[latency][0].replace(':', '_')}:slow_ratio{window}"
+
+
+def _slow_ratio(latency: str, threshold: float, window: str) -> str:
+    if threshold not in BUCKETS[latency]:
+        raise ValueError(
+            f"thresholds.p99_seconds={threshold} is not a bucket bound of vLLM's {latency} histogram, so no "
+            f"query can count the requests slower than it exactly; pick one of {BUCKETS[latency]}"
+        )
+    parts = []
+    for name in LATENCIES[latency]:
+        fast = f'sum by ({BY_ENGINE}) (rate({name}_bucket{{le="{le(threshold)}"}}[{window}]))'
+        total = f"sum by ({BY_ENGINE}) (rate({name}_count[{window}]))"
+        parts.append(f"1 - {fast} / {total}")
+    return either(*parts)
+
+
+def recording_rules(thresholds: Thresholds) -> list[dict]:
+    rules: list[dict] = []
+
+    def record(name: str, expr: str) -> None:
+        rules.append({"record": name, "expr": expr})
+
+    for metric in ("request_success", "prompt_tokens", "generation_tokens", "num_preemptions"):
+        record(f"{LEVEL}:vllm_{metric}:rate1m", f"sum by ({BY}) (rate(vllm:{metric}_total[1m]))")
+    for names in LATENCIES.values():
+        for window in WINDOWS:
+            for label, q in QUANTILES:
+                expr = either(
+                    *(f"histogram_quantile({q}, sum by ({BY}, le) (rate({n}_bucket[{window}])))" for n in names)
+                )
+                record(f"{LEVEL}:{names[0].replace(':', '_')}:{label}_{window}", expr)
+    threshold, window = thresholds.p99_seconds, thresholds.p99_window
+    _slow_ratio(thresholds.p99_latency, threshold, window)  # the breaker's latency must have the bound
+    for latency in ("ttft", "e2e", "itl"):
+        if threshold in BUCKETS[latency]:
+            record(slow_ratio_name(latency, window), _slow_ratio(latency, threshold, window))
+    record(f"{LEVEL}:vllm_num_requests_running:sum", f"sum by ({BY}) (vllm:num_requests_running)")
+    record(f"{LEVEL}:vllm_num_requests_waiting:sum", f"sum by ({BY}) (vllm:num_requests_waiting)")
+    record(
+        f"{LEVEL}:vllm_batch_efficiency:ratio1m",
+        f"{LEVEL}:vllm_generation_tokens:rate1m / {LEVEL}:vllm_num_requests_running:sum",
+    )
+    record(f"{LEVEL_ENGINE}:vllm_kv_cache_usage:ratio", either(*(f"max by ({BY_ENGINE}) ({m})" for m in KV_USAGE)))
+    record(
+        "vllm_instance_model_name_gpu:batchlens_gpu_memory_bandwidth:ratio",
+        "max by (vllm_instance, model_name, gpu) ("
+        '{__name__=~"batchlens_gpu_memory_busy_ratio|batchlens_gpu_dram_bandwidth_ratio", vllm_instance!=""})',
+    )
+    return rules

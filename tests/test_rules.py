@@ -1,0 +1,69 @@
+"""The generated rules: fresh, lint-clean, and right on vLLM 0.32's real series (promtool). No fakes."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from batchlens.config import Thresholds, load_config
+from batchlens.rules.build import artifacts
+from batchlens.rules.recording import le, recording_rules
+from harness.exporter import BATCHLENS
+from harness.prometheus import require_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "alerts"
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_the_committed_rule_files_are_what_the_code_generates() -> None:
+    done = run(BATCHLENS, "build", "--check")
+    assert done.returncode == 0, done.stderr
+
+
+def test_build_check_fails_on_a_stale_file(tmp_path) -> None:
+    assert run(BATCHLENS, "build", "--out", str(tmp_path)).returncode == 0
+    (tmp_path / "batchlens.alerts.yml").write_text("# edited by hand\n")
+    done = run(BATCHLENS, "build", "--check", "--out", str(tmp_path))
+    assert done.returncode != 0 and "batchlens.alerts.yml" in done.stderr
+
+
+def test_promtool_lints_the_rules_clean() -> None:
+    promtool = require_binary("promtool", "prometheus")
+    done = run(promtool, "check", "rules", "--lint=all", *map(str, sorted(ALERTS.glob("*.yml"))))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    promtool = require_binary("promtool", "prometheus")
+    done = run(promtool, "test", "rules", *map(str, sorted((ALERTS / "tests").glob("*.yml"))))
+    assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout + done.stderr
+
+
+def test_thresholds_come_from_the_config() -> None:
+    config = load_config(None, {"thresholds": {"kv_blocks_ratio": 0.9, "p99_latency": "e2e", "p99_seconds": 1.0}}, {})
+    alerts = artifacts(config)["batchlens.alerts.yml"]
+    assert "vllm_kv_cache_usage:ratio > 0.9" in alerts
+    assert "vllm_e2e_request_latency_seconds:slow_ratio1m > 0.01" in alerts
+    rules = artifacts(config)["batchlens.rules.yml"]
+    assert 'le="1.0"' in rules and 'le="1"' not in rules
+
+
+def test_bucket_bounds_are_written_as_vllm_writes_them() -> None:
+    assert [le(0.5), le(1), le(120)] == ["0.5", "1.0", "120.0"]
+
+
+def test_a_breaker_threshold_that_is_no_bucket_bound_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"0\.45 is not a bucket bound .* ttft histogram"):
+        recording_rules(Thresholds(p99_seconds=0.45))
+
+
+def test_every_recording_rule_is_named_level_metric_operation() -> None:
+    names = [r["record"] for r in recording_rules(Thresholds())]
+    assert len(names) == len(set(names))
+    assert all(len(name.split(":")) == 3 for name in names), names
