@@ -1,0 +1,42 @@
+"""A real Alertmanager (Debian package prometheus-alertmanager) on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from harness.procs import Process, free_port, http_get
+from harness.prometheus import require_binary
+
+
+class AlertmanagerServer:
+    def __init__(self, workdir: Path, config: Path):
+        binary = require_binary("prometheus-alertmanager", "prometheus-alertmanager")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--cluster.listen-address=",  # no gossip: a single test instance
+        ]
+        self.process = Process("alertmanager", argv, workdir / "alertmanager.log")
+        self.process.wait_http(self.url + "/-/ready", timeout=30)
+
+    def post_alerts(self, alerts: list[dict]) -> None:
+        req = urllib.request.Request(
+            self.url + "/api/v2/alerts", data=json.dumps(alerts).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
+
+    def alerts(self) -> list[dict]:
+        status, body = http_get(self.url + "/api/v2/alerts", timeout=10)
+        assert status == 200, body
+        return json.loads(body)
+
+    def stop(self) -> int:
+        return self.process.stop()
