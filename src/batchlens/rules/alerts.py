@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from batchlens.config import Thresholds
-from batchlens.rules.recording import LEVEL_ENGINE, slow_ratio_name
+from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, slo_ratio_name, slow_ratio_name
+
+BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
 
 RUNBOOKS = "docs/runbooks"  # each alert has docs/runbooks/<AlertName>.md
 DASHBOARD = "/d/batchlens-overview/batchlens?var-vllm_instance={{ $labels.vllm_instance }}"  # Grafana-relative
@@ -21,6 +23,15 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str, des
         "dashboard_url": DASHBOARD,
     }
     return rule
+
+
+def _burn(latency: str, pairs: tuple[tuple[str, str, float], ...]) -> str:
+    """Multiwindow burn rate: each (long, short, factor) fires when both windows burn factor x the 1% budget."""
+    clauses = []
+    for long, short, factor in pairs:
+        rate = f"{factor * BUDGET:g}"
+        clauses.append(f"({slo_ratio_name(latency, long)} > {rate} and {slo_ratio_name(latency, short)} > {rate})")
+    return " or ".join(clauses)
 
 
 def alert_rules(thresholds: Thresholds) -> list[dict]:
@@ -57,6 +68,51 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             f"{{{{ $value | humanizePercentage }}}} of requests took longer than {thresholds.p99_seconds:g}s "
             f"({latency}) over the last {thresholds.p99_window}, so P99 is above it. The remediation hook halves "
             "the batch limit.",
+        ),
+        _alert(
+            "VllmLatencySloBurnFast",
+            _burn(latency, (("1h", "5m", 14.4), ("6h", "30m", 6))),
+            "2m",
+            "critical",
+            f"{{{{ $labels.vllm_instance }}}} burns its {latency.upper()} error budget fast",
+            f"Requests slower than {thresholds.p99_seconds:g}s are eating the 1% error budget at 14.4x (1h) or 6x "
+            "(6h) the sustainable rate: at this pace a 30-day budget is gone within days.",
+        ),
+        _alert(
+            "VllmLatencySloBurnSlow",
+            _burn(latency, (("1d", "2h", 3), ("3d", "6h", 1))),
+            "15m",
+            "warning",
+            f"{{{{ $labels.vllm_instance }}}} burns its {latency.upper()} error budget steadily",
+            f"Requests slower than {thresholds.p99_seconds:g}s exceed the 1% budget at 3x (1d) or 1x (3d) the "
+            "sustainable rate: plan capacity or a smaller batch limit.",
+        ),
+        _alert(
+            "VllmRequestsQueueing",
+            f"{LEVEL}:vllm_num_requests_waiting:sum > 0 and deriv({LEVEL}:vllm_num_requests_waiting:sum[10m]) > 0",
+            "10m",
+            "warning",
+            "Requests keep piling up in the queue of {{ $labels.vllm_instance }}",
+            '{{ $value | printf "%.0f" }} requests are waiting and the queue has grown for 10 minutes: '
+            "demand exceeds capacity at the current batch limit.",
+        ),
+        _alert(
+            "VllmPreemptionsRising",
+            f"{LEVEL}:vllm_num_preemptions:rate1m > 0",
+            "5m",
+            "warning",
+            "{{ $labels.vllm_instance }} keeps preempting requests",
+            '{{ $value | printf "%.2f" }} preemptions per second for 5 minutes: the KV cache is too small for '
+            "the batch, and preempted requests recompute their prompts.",
+        ),
+        _alert(
+            "VllmBreakerColdStart",
+            'max by (vllm_instance) (batchlens_breaker_state{state="cold_start"}) == 1',
+            "15m",
+            "critical",
+            "{{ $labels.vllm_instance }} has been in cold-start mode for 15 minutes",
+            "The remediation hook cut the batch limit to the cold-start limit after repeated P99 breaches, and the "
+            "breaker has not recovered: the engine serves one request at a time. A human is needed.",
         ),
         _alert(
             "BatchlensSourceDown",

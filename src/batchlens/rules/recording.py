@@ -64,6 +64,16 @@ def _slow_ratio(latency: str, threshold: float, window: str) -> str:
     return either(*parts)
 
 
+#: Windows of the latency SLO burn-rate alerts (the SRE workbook's multiwindow, multi-burn-rate scheme).
+SLO_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+#: vLLM's prompt-length bucket bounds nearest the article's 256/512/1024/2048 buckets.
+PROMPT_LENGTH_BOUNDS = ("200.0", "500.0", "1000.0", "2000.0", "+Inf")
+
+
+def slo_ratio_name(latency: str, window: str) -> str:
+    return f"{LEVEL}:{LATENCIES[latency][0].replace(':', '_')}:slow_ratio{window}"
+
+
 def recording_rules(thresholds: Thresholds) -> list[dict]:
     rules: list[dict] = []
 
@@ -84,6 +94,20 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     for latency in ("ttft", "e2e", "itl"):
         if threshold in BUCKETS[latency]:
             record(slow_ratio_name(latency, window), _slow_ratio(latency, threshold, window))
+    for slo_window in SLO_WINDOWS:
+        by_instance = _slow_ratio(thresholds.p99_latency, threshold, slo_window).replace(BY_ENGINE, BY)
+        record(slo_ratio_name(thresholds.p99_latency, slo_window), by_instance)
+    record(
+        f"{LEVEL}:vllm_prefix_cache_hit:ratio5m",
+        f"sum by ({BY}) (rate(vllm:prefix_cache_hits_total[5m]))"
+        f" / sum by ({BY}) (rate(vllm:prefix_cache_queries_total[5m]))",
+    )
+    bounds = "|".join(b.replace("+", "[+]") for b in PROMPT_LENGTH_BOUNDS)  # a regex without escapes
+    record(
+        f"{LEVEL}_le:vllm_request_prompt_tokens:ratio5m",
+        f'sum by ({BY}, le) (rate(vllm:request_prompt_tokens_bucket{{le=~"{bounds}"}}[5m])) '
+        f"/ ignoring (le) group_left sum by ({BY}) (rate(vllm:request_prompt_tokens_count[5m]))",
+    )
     record(f"{LEVEL}:vllm_num_requests_running:sum", f"sum by ({BY}) (vllm:num_requests_running)")
     record(f"{LEVEL}:vllm_num_requests_waiting:sum", f"sum by ({BY}) (vllm:num_requests_waiting)")
     record(
