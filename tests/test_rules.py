@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from batchlens.config import Thresholds, load_config
 from batchlens.rules.build import artifacts
@@ -67,3 +68,13 @@ def test_every_recording_rule_is_named_level_metric_operation() -> None:
     names = [r["record"] for r in recording_rules(Thresholds())]
     assert len(names) == len(set(names))
     assert all(len(name.split(":")) == 3 for name in names), names
+
+
+def test_every_alert_has_its_runbook() -> None:
+    alerts = yaml.safe_load((ALERTS / "batchlens.alerts.yml").read_text())["groups"][0]["rules"]
+    for alert in alerts:
+        runbook = ROOT / alert["annotations"]["runbook_url"]
+        assert runbook.exists(), f"{alert['alert']}: no {runbook.relative_to(ROOT)}"
+        text = runbook.read_text()
+        for section in ("**What it means.**", "**Look at.**", "**What the hook does", "**What a human does.**"):
+            assert section in text, f"{runbook.name} lacks {section}"
