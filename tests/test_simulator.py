@@ -21,7 +21,8 @@ LIMITS = (1, 2, 4, 8, 16, 32)
 # The families dashboards, rules and the exporter read: none may drift from vLLM's.
 CORE = (
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
-    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success", "vllm:request_prompt_tokens",
+    "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+    "vllm:request_success", "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens", "vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",

@@ -22,7 +22,15 @@ def require_binary(name: str, package: str) -> str:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, scrape_configs: list[dict], *, rule_files: tuple[str, ...] = (), interval="1s"):
+    def __init__(
+        self,
+        workdir: Path,
+        scrape_configs: list[dict],
+        *,
+        rule_files: tuple[str, ...] = (),
+        interval: str = "1s",
+        alertmanager: str | None = None,
+    ):
         binary = require_binary("prometheus", "prometheus")
         workdir.mkdir(parents=True, exist_ok=True)
         config = {
@@ -30,6 +38,8 @@ class PrometheusServer:
             "rule_files": list(rule_files),
             "scrape_configs": scrape_configs,
         }
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config))
         self.port = free_port()

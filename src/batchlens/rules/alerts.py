@@ -13,7 +13,7 @@ DASHBOARD = "/d/batchlens-overview/batchlens?var-vllm_instance={{ $labels.vllm_i
 
 def _alert(name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict:
     rule = {"alert": name, "expr": expr}
-    if duration != "0s":
+    if duration not in ("0s", "0m", "0"):
         rule["for"] = duration
     rule["labels"] = {"severity": severity}
     rule["annotations"] = {
@@ -52,7 +52,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
         _alert(
             "VllmKvCacheBlocksHigh",
             f"{LEVEL_ENGINE}:vllm_kv_cache_usage:ratio > {kv}",
-            "2m",
+            thresholds.kv_blocks_for,
             "warning",
             "KV cache of {{ $labels.vllm_instance }} engine {{ $labels.engine }} is nearly full",
             f"{{{{ $value | humanizePercentage }}}} of the KV blocks are in use (threshold {kv:.0%}); "

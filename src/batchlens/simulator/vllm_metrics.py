@@ -58,6 +58,11 @@ class VllmMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        # No prefix caching is simulated: every prompt token is a query, none a hit.
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         success = Counter(
             "vllm:request_success", "Count of successfully processed requests.", (*LABELS, "finished_reason"),
             registry=r,
@@ -104,6 +109,7 @@ class VllmMetrics:
         if step.scheduled_tokens:
             self.iteration_tokens.observe(step.scheduled_tokens)
         self.prompt_tokens.inc(step.prefill_tokens)
+        self.prefix_queries.inc(step.prefill_tokens)
         self.generation_tokens.inc(len(step.produced))
         self.preemptions.inc(step.preempted)
         for request in step.produced:
