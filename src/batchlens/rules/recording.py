@@ -115,6 +115,15 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         f"{LEVEL}:vllm_generation_tokens:rate1m / {LEVEL}:vllm_num_requests_running:sum",
     )
     record(f"{LEVEL_ENGINE}:vllm_kv_cache_usage:ratio", either(*(f"max by ({BY_ENGINE}) ({m})" for m in KV_USAGE)))
+    # GPU series carry vllm_instance and model_name once mapped to an engine: join on them, skip the unmapped.
+    record(
+        "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio",
+        'max by (vllm_instance, model_name, gpu) (batchlens_gpu_sm_busy_ratio{vllm_instance!=""})',
+    )
+    record(
+        f"{LEVEL}:batchlens_gpu_memory_busy:max",
+        f'max by ({BY}) (batchlens_gpu_memory_busy_ratio{{vllm_instance!=""}})',
+    )
     record(
         "vllm_instance_model_name_gpu:batchlens_gpu_memory_bandwidth:ratio",
         "max by (vllm_instance, model_name, gpu) ("
