@@ -55,10 +55,7 @@ def test_p99_kv_usage_and_bandwidth_rise_with_the_batch(sweep) -> None:
     for smaller, larger in itertools.pairwise(runs):
         assert larger.p99_e2e_seconds > smaller.p99_e2e_seconds, (smaller, larger)
         assert larger.mean_kv_usage > smaller.mean_kv_usage, (smaller, larger)
-    # Past batch 8 the KV reads take over and the bandwidth ratio climbs. Below it, compute-bound
-    # prefill steps take a growing share of the time as throughput grows, so it dips a little.
-    bandwidth = [sweep[b].mean_bandwidth_ratio for b in (8, 16, 32)]
-    assert bandwidth == sorted(bandwidth) and bandwidth[-1] == max(run.mean_bandwidth_ratio for run in runs)
+        assert larger.mean_bandwidth_ratio > smaller.mean_bandwidth_ratio, (smaller, larger)
     assert all(0 < run.mean_bandwidth_ratio <= GPUS[DEFAULT_GPU].bandwidth_efficiency for run in runs)
 
 
