@@ -35,7 +35,7 @@ test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, fresh art
 	$(BIN)/batchlens build --check
 	$(BIN)/pytest -m "" -p no:cacheprovider
 
-build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/*.yml) from the code
+build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/*.yml, dashboards/*.json) from the code
 	$(BIN)/batchlens build
 
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchlens.artifacts import rule_files
 from batchlens.config import Thresholds, load_config
-from batchlens.rules.build import artifacts
 from batchlens.rules.recording import le, recording_rules
 from harness.exporter import BATCHLENS
 from harness.prometheus import require_binary
@@ -28,9 +28,9 @@ def test_the_committed_rule_files_are_what_the_code_generates() -> None:
 
 
 def test_build_check_fails_on_a_stale_file(tmp_path) -> None:
-    assert run(BATCHLENS, "build", "--out", str(tmp_path)).returncode == 0
-    (tmp_path / "batchlens.alerts.yml").write_text("# edited by hand\n")
-    done = run(BATCHLENS, "build", "--check", "--out", str(tmp_path))
+    assert run(BATCHLENS, "build", "--root", str(tmp_path)).returncode == 0
+    (tmp_path / "alerts" / "batchlens.alerts.yml").write_text("# edited by hand\n")
+    done = run(BATCHLENS, "build", "--check", "--root", str(tmp_path))
     assert done.returncode != 0 and "batchlens.alerts.yml" in done.stderr
 
 
@@ -59,10 +59,10 @@ def test_promtool_tests_fix_the_group_order() -> None:
 
 def test_thresholds_come_from_the_config() -> None:
     config = load_config(None, {"thresholds": {"kv_blocks_ratio": 0.9, "p99_latency": "e2e", "p99_seconds": 1.0}}, {})
-    alerts = artifacts(config)["batchlens.alerts.yml"]
+    alerts = rule_files(config)["batchlens.alerts.yml"]
     assert "vllm_kv_cache_usage:ratio > 0.9" in alerts
     assert "vllm_e2e_request_latency_seconds:slow_ratio1m > 0.01" in alerts
-    rules = artifacts(config)["batchlens.rules.yml"]
+    rules = rule_files(config)["batchlens.rules.yml"]
     assert 'le="1.0"' in rules and 'le="1"' not in rules
 
 

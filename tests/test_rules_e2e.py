@@ -8,7 +8,6 @@ routing. Thresholds are lowered in the config so that a small load crosses them 
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -37,8 +36,8 @@ def test_rules_have_data_and_the_breaker_and_kv_alerts_reach_alertmanager(tmp_pa
             }
         )
     )
-    rules = tmp_path / "rules"
-    built = subprocess.run([BATCHLENS, "build", "--config", str(config), "--out", str(rules)], capture_output=True)
+    rules = tmp_path / "alerts"
+    built = subprocess.run([BATCHLENS, "build", "--config", str(config), "--root", str(tmp_path)], capture_output=True)
     assert built.returncode == 0, built.stderr
     am = AlertmanagerServer(tmp_path / "am", ROOT / "provisioning" / "alertmanager" / "alertmanager.yml")
     exporter = ExporterProcess(
@@ -50,45 +49,39 @@ def test_rules_have_data_and_the_breaker_and_kv_alerts_reach_alertmanager(tmp_pa
         rule_files=(str(rules / "batchlens.rules.yml"), str(rules / "batchlens.alerts.yml")),
         alertmanager=f"127.0.0.1:{am.port}",
     )
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            sim.post("/v1/completions", {"model": "deepseek-sim", "prompt": [1] * 1024, "max_tokens": 200})
-
     # One request at a time, six clients: a queue builds and TTFT grows far past 0.5 s (simulated).
     AdminClient(sim.url, sim.token).set_limit(1)
-    clients = [threading.Thread(target=client, daemon=True) for _ in range(6)]
-    for c in clients:
-        c.start()
+    request = {"model": "deepseek-sim", "prompt": [1] * 1024, "max_tokens": 200}
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            firing = {a["labels"]["alertname"] for a in prometheus.api("alerts")["alerts"] if a["state"] == "firing"}
-            received = {a["labels"]["alertname"] for a in am.alerts()}
-            if firing >= FIRING and received >= FIRING:
-                break
-            assert time.monotonic() < deadline, f"firing in Prometheus: {firing}; received by Alertmanager: {received}"
-            time.sleep(1)
-        breaker = next(a for a in am.alerts() if a["labels"]["alertname"] == "VllmP99LatencyBreaker")
-        assert (
-            breaker["labels"] | {"vllm_instance": "sim", "model_name": "deepseek-sim", "engine": "0"}
-            == breaker["labels"]
-        )
-        assert {r["name"] for r in breaker["receivers"]} == {"remediation", "page"}
+        with sim.clients(6, lambda i: request):
+            deadline = time.monotonic() + 90
+            while True:
+                firing = {
+                    a["labels"]["alertname"] for a in prometheus.api("alerts")["alerts"] if a["state"] == "firing"
+                }
+                received = {a["labels"]["alertname"] for a in am.alerts()}
+                if firing >= FIRING and received >= FIRING:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"firing in Prometheus: {firing}; received by Alertmanager: {received}"
+                )
+                time.sleep(1)
+            breaker = next(a for a in am.alerts() if a["labels"]["alertname"] == "VllmP99LatencyBreaker")
+            assert (
+                breaker["labels"] | {"vllm_instance": "sim", "model_name": "deepseek-sim", "engine": "0"}
+                == breaker["labels"]
+            )
+            assert {r["name"] for r in breaker["receivers"]} == {"remediation", "page"}
 
-        # No dead queries: every recording rule returns data from this real pipeline.
-        names = [
-            r["record"]
-            for g in yaml.safe_load((rules / "batchlens.rules.yml").read_text())["groups"]
-            for r in g["rules"]
-        ]
-        empty = [name for name in names if not prometheus.query(name)]
-        assert empty == [], f"recording rules with no data: {empty}"
+            # No dead queries: every recording rule returns data from this real pipeline.
+            names = [
+                r["record"]
+                for g in yaml.safe_load((rules / "batchlens.rules.yml").read_text())["groups"]
+                for r in g["rules"]
+            ]
+            empty = [name for name in names if not prometheus.query(name)]
+            assert empty == [], f"recording rules with no data: {empty}"
     finally:
-        stop.set()
-        for c in clients:
-            c.join(30)
         prometheus.stop()
         exporter.stop()
         am.stop()

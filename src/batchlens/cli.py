@@ -245,26 +245,82 @@ def load(
 
 @main.command()
 @config_option
-@click.option("--out", type=click.Path(file_okay=False), default="alerts", show_default=True,
-              help="Folder for the generated rule files.")  # fmt: skip
+@click.option("--root", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="Folder that receives alerts/*.yml and dashboards/*.json.")  # fmt: skip
 @click.option("--check", is_flag=True, help="Write nothing; fail if a generated file is missing or stale.")
-def build(config_path: str | None, out: str, check: bool) -> None:
-    """Generate the Prometheus recording and alert rules from the code and the config's thresholds.
+def build(config_path: str | None, root: str, check: bool) -> None:
+    """Generate the Prometheus rules (alerts/) and the Grafana dashboards (dashboards/).
 
-    The files are committed, so `docker compose up` needs no build step; CI runs
-    `batchlens build --check` to catch a file that no longer matches the code.
+    Both come from the code and the config's thresholds, so an alert and the
+    line on its panel always agree. The files are committed, so `docker compose
+    up` needs no build step; CI runs `batchlens build --check` to catch a file
+    that no longer matches the code.
     """
     from pathlib import Path
 
-    from batchlens.rules.build import build as write
+    from batchlens.artifacts import artifacts
+    from batchlens.artifacts import build as write
 
+    config = _load(config_path, {})
     try:
-        stale = write(_load(config_path, {}), Path(out), check=check)
+        stale = write(config, Path(root), check=check)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     if stale:
         raise click.ClickException(f"stale generated files (run `batchlens build`): {', '.join(stale)}")
-    click.echo(f"{out}: {'up to date' if check else 'written'}")
+    click.echo(f"{len(artifacts(config))} files under {root}: {'up to date' if check else 'written'}")
+
+
+@main.command()
+@config_option
+@click.option(
+    "--prometheus",
+    "prometheus_url",
+    required=True,
+    metavar="URL",
+    help="Base URL of the Prometheus that scrapes the exporter and runs batchlens' recording rules.",
+)
+@click.option("--range", "range_", default="24h", show_default=True, metavar="DURATION",
+              help="How far back to look, as a Prometheus duration (30m, 6h, 7d).")  # fmt: skip
+@click.option("--out", type=click.Path(file_okay=False), default="batchlens-report", show_default=True,
+              help="Folder for report.png and report.html.")  # fmt: skip
+def report(config_path: str | None, prometheus_url: str, range_: str, out: str) -> None:
+    """Write the batch efficiency trend report: a PNG and an HTML page.
+
+    It shows what the overview dashboard shows, without Grafana: the operating
+    points (throughput against P99, colored by GPU memory busy), the batch
+    efficiency decay (tokens/s per running sequence against the batch), KV
+    blocks and memory bandwidth over time, and a table of averages per batch
+    limit. The thresholds and the P99 latency come from the config.
+    """
+    import asyncio
+    import time
+    from pathlib import Path
+
+    import aiohttp
+
+    from batchlens.config import duration_seconds
+    from batchlens.report.data import fetch
+    from batchlens.report.render import write
+
+    config = _load(config_path, {})
+    try:
+        seconds = duration_seconds(range_)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--range") from None
+    end = time.time()
+    try:
+        data = asyncio.run(fetch(prometheus_url, config.thresholds, end - seconds, end, max(seconds / 300, 1.0)))
+    except (TimeoutError, OSError, RuntimeError, ValueError, aiohttp.ClientError) as exc:
+        raise click.ClickException(f"cannot read {prometheus_url}: {exc}") from None
+    if not data.points:
+        raise click.ClickException(
+            f"no batchlens data in {prometheus_url} over the last {range_}: does it scrape the exporter "
+            "and load alerts/batchlens.rules.yml?"
+        )
+    png, page = write(data, Path(out))
+    click.echo(f"wrote {png} and {page} ({sum(len(p) for p in data.points.values())} points, "
+               f"{len(data.points)} engines)")  # fmt: skip
 
 
 @main.group("config")

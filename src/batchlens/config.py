@@ -27,6 +27,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 ENV_PREFIX = "BATCHLENS_"
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def duration_seconds(text: str) -> float:
+    """A Prometheus duration ("90s", "1h30m", "24h") in seconds; ValueError for anything else."""
+    if not _DURATION.match(text):
+        raise ValueError(f"expected a Prometheus duration such as 30s, 1m or 1h30m, got {text!r}")
+    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", text))
 
 
 class ConfigError(Exception):
@@ -123,8 +131,7 @@ class Thresholds(_Section):
     @field_validator("bandwidth_for", "kv_blocks_for", "p99_window")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if not _DURATION.match(value):
-            raise ValueError(f"expected a Prometheus duration such as 30s, 1m or 1h30m, got {value!r}")
+        duration_seconds(value)
         return value
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.exporter import BATCHLENS
@@ -32,6 +35,32 @@ class SimulatorProcess:
                 return resp.status, json.load(resp)
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
+
+    @contextmanager
+    def clients(self, count: int, payload: Callable[[int], dict | None]) -> Iterator[None]:
+        """``count`` closed-loop clients posting completions while the block runs.
+
+        Client ``i`` posts ``payload(i)`` again as soon as its reply comes, or idles while that is None.
+        """
+        stop = threading.Event()
+
+        def client(i: int) -> None:
+            while not stop.is_set():
+                body = payload(i)
+                if body is None:
+                    time.sleep(0.2)
+                else:
+                    self.post("/v1/completions", body)
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
 
     def stop(self) -> int:
         return self.process.stop()

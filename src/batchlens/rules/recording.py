@@ -110,9 +110,12 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     )
     record(f"{LEVEL}:vllm_num_requests_running:sum", f"sum by ({BY}) (vllm:num_requests_running)")
     record(f"{LEVEL}:vllm_num_requests_waiting:sum", f"sum by ({BY}) (vllm:num_requests_waiting)")
+    # Efficiency divides a 1m rate by the batch over the same minute (an instant would swing between 0 and
+    # the limit as requests finish), and skips minutes with nothing running (x/0 is +Inf in PromQL).
+    record(f"{LEVEL}:vllm_num_requests_running:avg1m", f"sum by ({BY}) (avg_over_time(vllm:num_requests_running[1m]))")
     record(
         f"{LEVEL}:vllm_batch_efficiency:ratio1m",
-        f"{LEVEL}:vllm_generation_tokens:rate1m / {LEVEL}:vllm_num_requests_running:sum",
+        f"{LEVEL}:vllm_generation_tokens:rate1m / ({LEVEL}:vllm_num_requests_running:avg1m > 0)",
     )
     record(f"{LEVEL_ENGINE}:vllm_kv_cache_usage:ratio", either(*(f"max by ({BY_ENGINE}) ({m})" for m in KV_USAGE)))
     # GPU series carry vllm_instance and model_name once mapped to an engine: join on them, skip the unmapped.
@@ -129,4 +132,30 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         "max by (vllm_instance, model_name, gpu) ("
         '{__name__=~"batchlens_gpu_memory_busy_ratio|batchlens_gpu_dram_bandwidth_ratio", vllm_instance!=""})',
     )
+    # Operating points: the same measures labelled with the batch limit in force, so a dashboard table and
+    # `batchlens report` can average them per limit (count_values turns the limit into a label).
+    record(f"{LEVEL}:batchlens_batch_limit:max", f"max by ({BY}) (batchlens_batch_limit)")
+    limit_label = f'count_values by ({BY}) ("batch_limit", {LEVEL}:batchlens_batch_limit:max)'
+    for measure in operating_point_measures(thresholds):
+        record(
+            measure.replace(f"{LEVEL}:", f"{LEVEL}_batch_limit:"),
+            f"{measure} * on ({BY}) group_left (batch_limit) {limit_label}",
+        )
+    # Burstiness: the coefficient of variation of the completion rate over 30 s slices. vLLM counts no
+    # arrivals; in a steady state completions follow them, a few seconds late.
+    rate30s = f"sum by ({BY}) (rate(vllm:request_success_total[30s]))"
+    record(
+        f"{LEVEL}:vllm_request_success:cv5m",
+        f"stddev_over_time({rate30s}[5m:10s]) / avg_over_time({rate30s}[5m:10s])",
+    )
     return rules
+
+
+def p99_name(thresholds: Thresholds, window: str = "1m") -> str:
+    """The P99 recording rule of the latency the breaker watches."""
+    return f"{LEVEL}:{LATENCIES[thresholds.p99_latency][0].replace(':', '_')}:p99_{window}"
+
+
+def operating_point_measures(thresholds: Thresholds) -> tuple[str, str, str]:
+    """Throughput, P99 and GPU memory busy: the three axes of an operating point."""
+    return (f"{LEVEL}:vllm_generation_tokens:rate1m", p99_name(thresholds), f"{LEVEL}:batchlens_gpu_memory_busy:max")

@@ -1,0 +1,109 @@
+"""The overview: throughput against P99 against GPU utilization, the article's three-dimensional view.
+
+Its centre is an XY chart with one point per instant: x is generation
+throughput, y the P99 latency the breaker watches, color the GPU memory busy
+ratio and size the SM busy ratio. As the batch limit rises the points walk
+right (throughput), then up (latency) and red (memory), and the knee is where
+to stop. The three measures come as table-format queries; Grafana merges them
+into rows on (Time, vllm_instance, model_name), renames the value columns and
+partitions the rows by vllm_instance, one series per engine.
+"""
+
+from __future__ import annotations
+
+from grafanalib.core import Table
+
+from batchlens.config import Thresholds
+from batchlens.dashboards.kit import DATASOURCE, SEL, dashboard, joined, place, stat, timeseries
+from batchlens.dashboards.panels import XYChart
+from batchlens.rules.recording import LATENCIES, LEVEL, operating_point_measures
+
+THROUGHPUT, P99, MEMORY_BUSY, SM_BUSY = "Throughput", "P99", "Memory busy", "SM busy"
+BY = "vllm_instance, model_name"
+
+
+def operating_points_panel(thresholds: Thresholds) -> XYChart:
+    throughput, p99, memory = operating_point_measures(thresholds)
+    sm = "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio"
+    columns = {THROUGHPUT: throughput, P99: p99, MEMORY_BUSY: memory, SM_BUSY: sm}
+    per_engine = {name: f"max by ({BY}) ({rule}{{{SEL}}})" for name, rule in columns.items()}
+    queries, steps = joined(per_engine, drop=("model_name",))
+    latency = thresholds.p99_latency.upper()
+    return XYChart(
+        title=f"Operating points: throughput × P99 {latency} × utilization",
+        description=(
+            f"One point per instant and engine. Right is more throughput, up is slower P99 {latency} (the breaker "
+            f"fires above {thresholds.p99_seconds} s), red is a busier GPU memory and a bigger point a busier SM. "
+            "Past the knee a higher batch limit buys latency, not throughput."
+        ),
+        dataSource=DATASOURCE,
+        targets=queries,
+        transformations=[*steps, {"id": "partitionByValues", "options": {"fields": ["vllm_instance"]}}],
+        x=THROUGHPUT,
+        y=P99,
+        color=MEMORY_BUSY,
+        size=SM_BUSY,
+        y_unit="s",
+    )
+
+
+def operating_point_table(thresholds: Thresholds) -> Table:
+    names = ("Throughput (tokens/s)", f"P99 {thresholds.p99_latency.upper()} (s)", "Memory busy")
+    measures = [m.replace(f"{LEVEL}:", f"{LEVEL}_batch_limit:") for m in operating_point_measures(thresholds)]
+    queries, steps = joined(
+        {name: f"avg_over_time({m}{{{SEL}}}[$__range])" for name, m in zip(names, measures, strict=True)},
+        instant=True,
+        drop=("Time",),
+    )
+    return Table(
+        title="Operating points per batch limit (averaged over the time range)",
+        description="Each row is a batch limit the engine ran at in the range, and what it gave on average.",
+        dataSource=DATASOURCE,
+        targets=queries,
+        transformations=[*steps, {"id": "sortBy", "options": {"sort": [{"field": "batch_limit"}]}}],
+    )
+
+
+def overview(thresholds: Thresholds) -> dict:
+    throughput, p99, memory = operating_point_measures(thresholds)
+    latency = LATENCIES[thresholds.p99_latency][0].removeprefix("vllm:")
+    panels = place(
+        [
+            (
+                4,
+                [
+                    (stat("Batch limit", f"max by (vllm_instance) (batchlens_batch_limit{{{SEL}}})",
+                          description="The admission limit in force (max_num_active_seqs)."), 6),
+                    (stat("KV blocks used", f"max(vllm_instance_model_name_engine:vllm_kv_cache_usage:ratio{{{SEL}}})",
+                          unit="percentunit", threshold=thresholds.kv_blocks_ratio), 6),
+                    (stat("GPU memory busy", f"max(vllm_instance_model_name_gpu:batchlens_gpu_memory_bandwidth:ratio"
+                          f"{{{SEL}}})", unit="percentunit", threshold=thresholds.bandwidth_ratio), 6),
+                    (stat(f"P99 {thresholds.p99_latency.upper()}", f"max({p99}{{{SEL}}})", unit="s",
+                          threshold=thresholds.p99_seconds), 6),
+                ],
+            ),
+            (12, [(operating_points_panel(thresholds), 24)]),
+            (
+                8,
+                [
+                    (timeseries("Generation throughput", (f"{throughput}{{{SEL}}}", "{{vllm_instance}}"),
+                                unit="short", description="Output tokens per second."), 8),
+                    (timeseries(f"P99 {thresholds.p99_latency.upper()} ({latency})",
+                                (f"{p99}{{{SEL}}}", "{{vllm_instance}}"), unit="s",
+                                threshold=thresholds.p99_seconds), 8),
+                    (timeseries("GPU memory busy and SM busy",
+                                (f"{memory}{{{SEL}}}", "{{vllm_instance}} memory"),
+                                (f"max by (vllm_instance) (vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio"
+                                 f"{{{SEL}}})", "{{vllm_instance}} SM"),
+                                unit="percentunit", threshold=thresholds.bandwidth_ratio), 8),
+                ],
+            ),
+            (8, [(operating_point_table(thresholds), 24)]),
+        ]
+    )  # fmt: skip
+    return dashboard(
+        "overview",
+        "Throughput · P99 · Utilization",
+        "Is the batch limit right? Throughput, P99 latency and GPU utilization side by side, per vLLM engine.",
+        panels,
+    )

@@ -1,0 +1,64 @@
+"""Workload profile: what the clients send. The same batch limit suits one workload and ruins another."""
+
+from __future__ import annotations
+
+from batchlens.config import Thresholds
+from batchlens.dashboards.kit import DATASOURCE, SEL, dashboard, place, target, timeseries
+from batchlens.dashboards.panels import Heatmap
+from batchlens.rules.recording import LATENCIES, LEVEL
+
+
+def heatmap(title: str, metrics: tuple[str, ...], unit: str, description: str = "") -> Heatmap:
+    """Buckets of a vLLM histogram over time; a renamed histogram is read under both names."""
+    expr = " or ".join(f"sum by (le) (increase({m}_bucket{{{SEL}}}[$__rate_interval]))" for m in metrics)
+    return Heatmap(
+        title=title,
+        description=description,
+        dataSource=DATASOURCE,
+        targets=[target(expr, "{{le}}", fmt="heatmap")],
+        unit=unit,
+    )
+
+
+def workload(thresholds: Thresholds) -> dict:
+    panels = place(
+        [
+            (
+                8,
+                [
+                    (timeseries("Request rate", (f"{LEVEL}:vllm_request_success:rate1m{{{SEL}}}", "{{vllm_instance}}"),
+                                unit="reqps", description="Finished requests per second."), 8),
+                    (timeseries("Burstiness (coefficient of variation)",
+                                (f"{LEVEL}:vllm_request_success:cv5m{{{SEL}}}", "{{vllm_instance}}"),
+                                description="Standard deviation over mean of the request rate in 30 s slices, over "
+                                "5 minutes. Near 0: steady. Above 1: bursts that a fixed batch limit handles badly."),
+                     8),
+                    (timeseries("Finish reasons",
+                                (f"sum by (finished_reason) (rate(vllm:request_success_total{{{SEL}}}"
+                                 "[$__rate_interval]))", "{{finished_reason}}"), unit="reqps"), 8),
+                ],
+            ),
+            (
+                8,
+                [
+                    (heatmap("Prompt length", ("vllm:request_prompt_tokens",), "short",
+                             "vLLM's buckets nearest the article's 256/512/1024/2048 are 200/500/1000/2000."), 12),
+                    (heatmap("Generation length", ("vllm:request_generation_tokens",), "short"), 12),
+                ],
+            ),
+            (
+                8,
+                [
+                    (heatmap("Time to first token", LATENCIES["ttft"], "s"), 8),
+                    (heatmap("Inter-token latency", LATENCIES["itl"], "s"), 8),
+                    (heatmap("End-to-end latency", LATENCIES["e2e"], "s"), 8),
+                ],
+            ),
+        ]
+    )  # fmt: skip
+    return dashboard(
+        "workload",
+        "Workload profile",
+        "Request rate, burstiness, prompt and output lengths, finish reasons and latency distributions.",
+        panels,
+    )

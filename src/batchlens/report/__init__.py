@@ -1,0 +1,1 @@
+"""`batchlens report`: the article's batch efficiency trend report, as a PNG and an HTML page."""

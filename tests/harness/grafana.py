@@ -1,0 +1,95 @@
+"""The fake Grafana boundary: what Grafana does between Prometheus and a panel, for what batchlens uses.
+
+Grafana cannot run here. This module stands in for the three things the
+dashboards rely on, as Grafana documents them, so the tests can run every
+panel's queries against a real Prometheus and check what each panel would get:
+
+- variable interpolation ($vllm_instance, $__rate_interval, ...);
+- table-format frames: one row per sample, label columns, the value column named
+  "Value" for a single query and "Value #<refId>" for several;
+- the transformations merge, organize (rename, exclude) and partitionByValues.
+
+Everything else (rendering, field matchers beyond byName) stays untested here.
+"""
+
+from __future__ import annotations
+
+import re
+
+Row = dict[str, object]
+Frame = list[Row]
+
+
+def walk_panels(dashboard: dict):
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def interpolate(expr: str, variables: dict[str, str]) -> str:
+    """Replace $name and ${name} the way Grafana does for a regex-formatted multi-value variable."""
+
+    def value(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in variables:
+            raise KeyError(f"query uses ${name}, which the test does not fill: {expr}")
+        return variables[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
+
+
+def table_frames(results: dict[str, list[dict]], *, instant: bool) -> list[Frame]:
+    """refId -> Prometheus result list (matrix or vector) -> one table frame per query."""
+    frames = []
+    single = len(results) == 1
+    for ref, series_list in results.items():
+        column = "Value" if single else f"Value #{ref}"
+        rows: Frame = []
+        for series in series_list:
+            labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
+            samples = [series["value"]] if instant else series["values"]
+            rows += [{"Time": float(t), **labels, column: float(v)} for t, v in samples]
+        frames.append(rows)
+    return frames
+
+
+def merge(frames: list[Frame]) -> list[Frame]:
+    """Rows with equal values in the fields they share (time and labels) become one row."""
+    merged: dict[tuple, Row] = {}
+    for frame in frames:
+        for row in frame:
+            key = tuple(sorted((k, v) for k, v in row.items() if not k.startswith("Value")))
+            merged.setdefault(key, {}).update(row)
+    return [list(merged.values())]
+
+
+def organize(frames: list[Frame], options: dict) -> list[Frame]:
+    rename, exclude = options.get("renameByName", {}), options.get("excludeByName", {})
+    return [[{rename.get(k, k): v for k, v in row.items() if not exclude.get(k)} for row in frame] for frame in frames]
+
+
+def partition_by_values(frames: list[Frame], options: dict) -> list[Frame]:
+    fields = options["fields"]
+    parts: dict[tuple, Frame] = {}
+    for frame in frames:
+        for row in frame:
+            key = tuple(row.get(f) for f in fields)
+            kept = row if options.get("keepFields") else {k: v for k, v in row.items() if k not in fields}
+            parts.setdefault(key, []).append(kept)
+    return list(parts.values())
+
+
+TRANSFORMS = {
+    "merge": lambda frames, options: merge(frames),
+    "organize": organize,
+    "partitionByValues": partition_by_values,
+    "sortBy": lambda frames, options: frames,  # order does not change which fields exist
+}
+
+
+def transform(panel: dict, frames: list[Frame]) -> list[Frame]:
+    for step in panel.get("transformations", []):
+        if step["id"] not in TRANSFORMS:
+            raise NotImplementedError(f"panel {panel['title']!r} uses transformation {step['id']!r}, not emulated here")
+        frames = TRANSFORMS[step["id"]](frames, step.get("options", {}))
+    return frames

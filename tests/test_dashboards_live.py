@@ -1,0 +1,165 @@
+"""Every dashboard query against a real Prometheus holding real data, and `batchlens report` on it.
+
+The stack: the simulator (standing in for vLLM on a GPU) -> the exporter -> Prometheus 2.42 running the
+committed rule files. Load runs while the batch limit steps 1 -> 4 -> 16, so the operating points differ.
+Grafana is the fake boundary (harness/grafana.py): the test fills the variables, runs each panel's
+queries as Grafana would, and applies the panel's transformations to the results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from harness.admin import AdminClient
+from harness.exporter import BATCHLENS, ExporterProcess
+from harness.grafana import interpolate, table_frames, transform, walk_panels
+from harness.procs import http_get
+from harness.prometheus import PrometheusServer
+from harness.simulator import SimulatorProcess
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+BOARDS = {path.name: json.loads(path.read_text()) for path in sorted((ROOT / "dashboards").glob("*.json"))}
+LIMITS = (1, 4, 16)
+PHASE_SECONDS = 15
+WINDOW = 60
+VARIABLES = {"vllm_instance": "sim", "model_name": ".*", "gpu": ".*", "__rate_interval": "15s",
+             "__range": f"{WINDOW}s", "__interval": "5s"}  # fmt: skip
+#: Panels this stack cannot fill, and why. Every other panel must return data.
+NO_DATA_HERE = {
+    "Clocks": "the simulated GPU reports no clocks (test_nvml_source covers the NVML series)",
+    "Clock events (throttle reasons)": "the simulated GPU has no throttle reasons",
+    "PCIe": "the simulated GPU has no PCIe counters",
+    "NVLink": "the simulated GPU has no NVLink",
+    "Breaker state": "the remediation hook is not part of this stack",
+    "Strikes": "the remediation hook is not part of this stack",
+    "Remediation actions": "the remediation hook is not part of this stack",
+    "Webhook deliveries by status": "the remediation hook is not part of this stack",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dashboards")
+    sim = SimulatorProcess(tmp, speed=20, args=("--max-num-seqs", "32"))
+    config = tmp / "batchlens.yaml"
+    config.write_text(json.dumps({"engines": [{"name": "sim", "url": sim.url, "simulated_gpu": True}]}))
+    exporter = ExporterProcess(
+        tmp, [], interval=0.5, extra_args=("--config", str(config)), env={"BATCHLENS_ADMIN_TOKEN": sim.token}
+    )
+    prometheus = PrometheusServer(
+        tmp / "prom",
+        [{"job_name": "batchlens", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+        rule_files=tuple(str(p) for p in sorted((ROOT / "alerts").glob("*.yml"))),
+    )
+    admin = AdminClient(sim.url, sim.token)
+    request = {"model": "deepseek-sim", "prompt": [1] * 1024, "max_tokens": 200}
+    try:
+        with sim.clients(8, lambda i: request):
+            for limit in LIMITS:
+                admin.set_limit(limit)
+                time.sleep(PHASE_SECONDS)
+        yield prometheus
+    finally:
+        prometheus.stop()
+        exporter.stop()
+        sim.stop()
+
+
+def run_query(prometheus: PrometheusServer, expr: str, *, instant: bool, end: float) -> tuple[list[dict] | None, str]:
+    """(result, "") or (None, Prometheus' error)."""
+    params = {"query": expr, "time": f"{end}"} if instant else {
+        "query": expr, "start": f"{end - WINDOW}", "end": f"{end}", "step": "5"}  # fmt: skip
+    path = "query" if instant else "query_range"
+    status, body = http_get(f"{prometheus.url}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=30)
+    reply = json.loads(body)
+    if status != 200 or reply.get("status") != "success":
+        return None, f"{status} {reply.get('error', body)}"
+    return reply["data"]["result"], ""
+
+
+def panel_results(prometheus: PrometheusServer, panel: dict) -> tuple[dict[str, list[dict]], list[str]]:
+    results, errors = {}, []
+    end = time.time()  # one time range for all of a panel's queries, as Grafana sends it
+    for target in panel["targets"]:
+        expr = interpolate(target["expr"], VARIABLES)
+        result, error = run_query(prometheus, expr, instant=target.get("instant", False), end=end)
+        if error:
+            errors.append(f"{panel['title']} [{target['refId']}]: {error}\n    {expr}")
+        else:
+            results[target["refId"]] = result
+    return results, errors
+
+
+def test_every_panel_query_runs_and_the_core_panels_have_data(stack) -> None:
+    errors, empty, checked = [], [], 0
+    for board in BOARDS.values():
+        for panel in walk_panels(board):
+            results, failed = panel_results(stack, panel)
+            errors += [f"{board['title']}: {e}" for e in failed]
+            checked += len(panel["targets"])
+            if not any(results.values()) and panel["title"] not in NO_DATA_HERE:
+                empty.append(f"{board['title']} / {panel['title']}")
+    assert errors == [], "queries Prometheus refused:\n" + "\n".join(errors)
+    assert empty == [], f"panels with no data (of {checked} queries): {empty}"
+
+
+def test_annotations_and_variables_resolve(stack) -> None:
+    board = BOARDS["batchlens-overview.json"]
+    for annotation in board["annotations"]["list"]:
+        if "expr" in annotation:
+            expr = interpolate(annotation["expr"], VARIABLES)
+            result, error = run_query(stack, expr, instant=False, end=time.time())
+            assert not error, (annotation["name"], error)
+            if annotation["name"] == "Batch limit changes":
+                assert result, "the batch limit changed three times, but the annotation query found nothing"
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"]["query"])
+        selector, label = interpolate(match.group(1), VARIABLES), match.group(2)
+        series = stack.api("series", **{"match[]": selector, "start": f"{time.time() - WINDOW}"})
+        assert {s.get(label) for s in series} - {None, ""}, f"variable {variable['name']}: no values"
+
+
+def test_the_xy_chart_gets_its_four_fields_per_engine(stack) -> None:
+    [xy] = [p for p in walk_panels(BOARDS["batchlens-overview.json"]) if p["type"] == "xychart"]
+    results, errors = panel_results(stack, xy)
+    assert not errors, errors
+    frames = transform(xy, table_frames(results, instant=False))
+    fields = [xy["options"]["series"][0][dim]["matcher"]["options"] for dim in ("x", "y", "color", "size")]
+    assert len(frames) == 1, f"one engine, so one series; got {len(frames)} frames"
+    complete = [row for row in frames[0] if all(isinstance(row.get(f), float) for f in fields)]
+    assert len(complete) >= 5, f"rows with {fields}: {len(complete)} of {len(frames[0])}; a row: {frames[0][:1]}"
+
+
+def test_the_operating_point_table_has_a_row_per_batch_limit(stack) -> None:
+    [table] = [
+        p for p in walk_panels(BOARDS["batchlens-overview.json"]) if p["title"].startswith("Operating points per")
+    ]
+    results, errors = panel_results(stack, table)
+    assert not errors, errors
+    [rows] = transform(table, table_frames(results, instant=True))
+    limits = {row["batch_limit"] for row in rows}
+    assert len(limits) >= 2 and limits <= {str(limit) for limit in LIMITS}, rows
+    names = set(table["transformations"][1]["options"]["renameByName"].values())
+    assert all(names <= set(row) for row in rows), rows
+
+
+def test_batchlens_report_draws_the_trend_from_prometheus(stack, tmp_path) -> None:
+    done = subprocess.run(
+        [BATCHLENS, "report", "--prometheus", stack.url, "--range", "2m", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    png, page = tmp_path / "report.png", (tmp_path / "report.html").read_text()
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 30_000
+    limits = {int(row.split("</td><td>")[1]) for row in page.split("<tr><td>sim")[1:]}
+    assert len(limits) >= 2 and limits <= set(LIMITS), page
