@@ -140,6 +140,10 @@ class Breaker(_Section):
     cooldown_seconds: float = Field(60, ge=0)
     cold_start_limit: int = Field(1, ge=1)
     recovery_interval_seconds: float = Field(300, gt=0)
+    #: A queue this many batches long means missing capacity: the breaker holds instead of halving.
+    overload_queue_ratio: float = Field(4.0, gt=0)
+    #: On VllmKvCacheBlocksHigh, POST /reset_prefix_cache (vLLM dev-mode route) once per cooldown.
+    reset_prefix_cache: bool = False
     dry_run: bool = False
 
 
@@ -147,6 +151,7 @@ class Remediate(_Section):
     listen: Listen = "127.0.0.1:9401"
     webhook_token_env: str = "BATCHLENS_WEBHOOK_TOKEN"
     state_path: str = "batchlens-state.sqlite"
+    alertmanager_url: str = Field("", description="Alertmanager to page through (API v2); empty: log pages only")
 
 
 class Config(_Section):

@@ -18,8 +18,16 @@ SIM_TOKEN = "sim-admin-token"
 
 
 class SimulatorProcess:
-    def __init__(self, workdir: Path, *, token: str | None = SIM_TOKEN, speed: float = 20, args: Sequence[str] = ()):
-        self.port = free_port()
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        token: str | None = SIM_TOKEN,
+        speed: float = 20,
+        args: Sequence[str] = (),
+        port: int | None = None,
+    ):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         argv = [BATCHLENS, "simulate", "--listen", f"127.0.0.1:{self.port}", "--speed", str(speed), *args]

@@ -57,6 +57,7 @@ class Upstreams:
         app = web.Application()
         app.router.add_get("/{name}/metrics", self._metrics)
         app.router.add_get("/{name}/batchlens/v1/batch", self._admin)
+        app.router.add_put("/{name}/batchlens/v1/batch", self._admin)
         # Handlers that hang on purpose must not hold up the teardown.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
@@ -113,6 +114,10 @@ class Upstreams:
             raise web.HTTPNotFound()
         auth = request.headers.get("Authorization", "")
         up.admin_auth_seen.append(auth)
+        if up.behavior == "hang":
+            await asyncio.sleep(3600)
         if auth != f"Bearer {up.admin_token}":
             return web.json_response({"error": "unauthorized"}, status=401)
+        if request.method == "PUT":
+            up.admin = {**up.admin, "max_num_active_seqs": (await request.json())["max_num_active_seqs"]}
         return web.json_response(up.admin)

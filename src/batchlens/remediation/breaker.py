@@ -1,0 +1,148 @@
+"""The P99 breaker of one engine, as a pure state machine: (state, event) -> decision. No clock, no I/O.
+
+The hook feeds it three events, each with the time it happened:
+
+- **firing**: Alertmanager delivered ``VllmP99LatencyBreaker`` firing, with the
+  alert's ``startsAt`` and what the admin API says now (:class:`Observation`);
+- **resolved**: Alertmanager delivered it resolved;
+- **tick**: time passed (recovery is driven by the clock, not by alerts).
+
+The rules (DESIGN.md, "Breaker semantics"):
+
+- A firing delivery outside the cooldown halves the limit (floor 1) and counts a
+  strike. The strike that reaches ``strikes`` sets the cold-start limit instead
+  and pages once for the episode. Inside the cooldown a delivery is only
+  recorded: retries, HA duplicates, replays and early repeats never act twice.
+- A firing delivery whose ``startsAt`` is no newer than a resolution already
+  seen belongs to a finished episode (an out-of-order delivery) and never acts.
+- **The overload trap.** When the queue is already ``overload_queue_ratio``
+  batches long, latency comes from missing capacity, not from the batch size:
+  halving would cut throughput and lengthen the queue. The breaker then holds
+  the limit, counts no strike (cold start would be the worst answer), and
+  escalates "capacity" to on-call once per episode.
+- Recovery starts when the alert resolves. Each ``recovery_interval_seconds``
+  without a new trigger adds max(1, 10% of the original limit), up to the
+  limit the engine had before the first strike; reaching it closes the breaker
+  and clears the strikes. A trigger during recovery halves again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from batchlens.config import Breaker as Settings
+
+RECOVERY_STEP = 0.10  # of the original limit, per recovery interval
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The engine as its admin API reports it just before a decision."""
+
+    limit: int  # max_num_active_seqs
+    capacity: int  # max_num_seqs
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class EngineState:
+    mode: str = "closed"  # one of remediation.states.BREAKER_STATES
+    strikes: int = 0
+    original_limit: int | None = None  # the limit before the first strike of the episode
+    target_limit: int | None = None  # the limit the hook wants in force
+    applied_limit: int | None = None  # the last target the admin API confirmed (set by the actuator)
+    capacity: int | None = None
+    last_action_at: float | None = None  # start of the cooldown
+    episode_starts_at: float | None = None  # startsAt of the firing alert last acted on
+    resolved_through: float | None = None  # newest startsAt seen resolved
+    recovering_since: float | None = None  # when recovery began or last stepped
+    paged: tuple[str, ...] = ()  # reasons already paged in this episode
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EngineState:
+        return cls(**{**data, "paged": tuple(data.get("paged", ()))})
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: EngineState
+    action: str  # halve | cold_start | hold_overload | raise | recovered | resolved | none
+    reason: str
+    set_limit: int | None = None  # the absolute limit to PUT: replaying it never halves twice
+    page: str | None = None  # "cold_start" or "capacity": page on-call for this, once per episode
+    resolved_pages: tuple[str, ...] = ()  # the episode ended: resolve these pages
+
+    @property
+    def acted(self) -> bool:
+        return self.set_limit is not None
+
+
+def _none(state: EngineState, reason: str) -> Decision:
+    return Decision(state, "none", reason)
+
+
+def on_firing(state: EngineState, *, starts_at: float, now: float, obs: Observation, settings: Settings) -> Decision:
+    if state.resolved_through is not None and starts_at <= state.resolved_through:
+        return _none(state, "out-of-order delivery: this episode has already resolved")
+    if state.last_action_at is not None and now - state.last_action_at < settings.cooldown_seconds:
+        left = settings.cooldown_seconds - (now - state.last_action_at)
+        return _none(state, f"inside the cooldown ({left:.0f} s left): recorded, not acted on")
+    if state.mode == "cold_start":
+        return _none(state, "already in cold-start mode: waiting for the alert to resolve")
+    original = state.original_limit if state.mode in ("tripped", "recovering") else obs.limit
+    state = replace(state, capacity=obs.capacity, episode_starts_at=starts_at)
+    if obs.waiting >= settings.overload_queue_ratio * max(obs.limit, 1):
+        page = None if "capacity" in state.paged else "capacity"
+        state = replace(state, paged=(*state.paged, "capacity") if page else state.paged, last_action_at=now)
+        reason = (
+            f"{obs.waiting} requests wait behind a batch of {obs.limit}: demand exceeds capacity, and halving "
+            "would lengthen the queue. Holding the limit; escalating to on-call"
+        )
+        return Decision(state, "hold_overload", reason, page=page)
+    strikes = state.strikes + 1
+    base = replace(state, strikes=strikes, original_limit=original, last_action_at=now, recovering_since=None)
+    if strikes >= settings.strikes:
+        limit = min(settings.cold_start_limit, obs.capacity)
+        page = None if "cold_start" in state.paged else "cold_start"
+        paged = (*state.paged, "cold_start") if page else state.paged
+        new = replace(base, mode="cold_start", target_limit=limit, paged=paged)
+        reason = f"strike {strikes} of {settings.strikes}: cold start at {limit}"
+        return Decision(new, "cold_start", reason, limit, page)
+    limit = max(1, obs.limit // 2)
+    new = replace(base, mode="tripped", target_limit=limit)
+    return Decision(new, "halve", f"strike {strikes} of {settings.strikes}: {obs.limit} -> {limit}", limit)
+
+
+def on_resolved(state: EngineState, *, starts_at: float, now: float) -> Decision:
+    newest = starts_at if state.resolved_through is None else max(state.resolved_through, starts_at)
+    state = replace(state, resolved_through=newest)
+    if state.episode_starts_at is not None and starts_at < state.episode_starts_at:
+        return _none(state, "out-of-order resolution of an older episode: recorded")
+    if state.mode in ("tripped", "cold_start"):
+        return Decision(replace(state, mode="recovering", recovering_since=now), "resolved", "recovery begins")
+    return _none(state, f"resolved while {state.mode}: recorded")
+
+
+def on_tick(state: EngineState, *, now: float, settings: Settings) -> Decision:
+    if state.mode != "recovering" or state.recovering_since is None:
+        return _none(state, "")
+    if now - state.recovering_since < settings.recovery_interval_seconds:
+        return _none(state, "")
+    original = state.original_limit or 1
+    ceiling = min(original, state.capacity or original)
+    step = max(1, math.floor(RECOVERY_STEP * original))
+    limit = min(ceiling, (state.target_limit or 1) + step)
+    if limit >= ceiling:
+        closed = EngineState(
+            capacity=state.capacity,
+            resolved_through=state.resolved_through,
+            target_limit=limit,
+            applied_limit=state.applied_limit,
+        )
+        return Decision(closed, "recovered", f"back to {limit}: breaker closed", limit, resolved_pages=state.paged)
+    return Decision(replace(state, target_limit=limit, recovering_since=now), "raise", f"recovery: -> {limit}", limit)

@@ -1,0 +1,197 @@
+"""`batchlens remediate`: the Alertmanager webhook receiver, its /metrics and /healthz.
+
+``POST /alertmanager`` takes Alertmanager's webhook payload (version 4) with
+``Authorization: Bearer <token>`` (the token from ``remediate.webhook_token_env``;
+without one configured the route answers 503, secure by default). It answers:
+
+- 200 once the deliveries are in the inbox: the work happens after the reply;
+- 400 for a body that is not a version-4 payload, 401 for a wrong token,
+  413 for a body over 1 MiB: Alertmanager does not retry these;
+- 500 only when the inbox cannot be written, so that Alertmanager retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import sqlite3
+from collections import Counter
+from collections.abc import Mapping
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import ValidationError
+
+from batchlens import __version__
+from batchlens.config import Config, parse_listen
+from batchlens.remediation.alertmanager import AlertmanagerClient
+from batchlens.remediation.service import Remediator
+from batchlens.remediation.states import BREAKER_STATES
+from batchlens.remediation.store import Store
+from batchlens.remediation.webhook import WebhookPayload
+
+log = logging.getLogger("batchlens.remediate")
+MAX_BODY = 1024 * 1024
+WEBHOOK_PATH = "/alertmanager"
+
+
+class HookCollector:
+    """The hook's metrics, rendered from the remediator's state at scrape time (client_python's Collector)."""
+
+    def __init__(self, server: RemediationServer):
+        self._server = server
+
+    def collect(self):
+        r = self._server.remediator
+        state = GaugeMetricFamily(
+            "batchlens_breaker_state",
+            "1 for the breaker's current state, per engine.",
+            labels=["vllm_instance", "state"],
+        )
+        strikes = GaugeMetricFamily(
+            "batchlens_breaker_strikes", "Consecutive breaker actions.", labels=["vllm_instance"]
+        )
+        target = GaugeMetricFamily(
+            "batchlens_batch_limit_target", "The batch limit the hook wants in force.", labels=["vllm_instance"]
+        )
+        for name, s in sorted(r.states.items()):
+            for known in BREAKER_STATES:
+                state.add_metric([name, known], 1.0 if s.mode == known else 0.0)
+            strikes.add_metric([name], s.strikes)
+            if s.target_limit is not None:
+                target.add_metric([name], s.target_limit)
+        yield from (state, strikes, target)
+        yield _counter(
+            "batchlens_remediation_actions", "Decisions and admin API calls, by result.",
+            ["vllm_instance", "action", "result"], r.actions,
+        )  # fmt: skip
+        yield _counter("batchlens_remediation_deliveries", "Alert deliveries, by what became of them.", ["outcome"],
+                       {(k,): v for k, v in r.deliveries.items()})  # fmt: skip
+        yield _counter("batchlens_remediation_pages", "Pages to on-call, by reason and result.", ["reason", "result"],
+                       r.pages)  # fmt: skip
+        yield _counter("batchlens_webhook_requests", "Webhook requests, by HTTP status.", ["code"],
+                       {(str(k),): v for k, v in self._server.requests.items()})  # fmt: skip
+
+
+def _counter(name: str, doc: str, labels: list[str], counts: Mapping[tuple, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(counts.items()):
+        family.add_metric(list(key), value)
+    return family
+
+
+class RemediationServer:
+    def __init__(self, config: Config, environ: Mapping[str, str] | None = None):
+        self.config = config
+        self.environ = os.environ if environ is None else environ
+        self.token = self.environ.get(config.remediate.webhook_token_env) or None
+        self.requests: Counter[int] = Counter()
+        self.store = Store(config.remediate.state_path)
+        self.remediator: Remediator | None = None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._session: aiohttp.ClientSession | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self, _app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(headers={"User-Agent": f"batchlens/{__version__}"})
+        am_url = self.config.remediate.alertmanager_url
+        am = AlertmanagerClient(self._session, am_url) if am_url else None
+        self.remediator = Remediator(self.config, self.store, self._session, self.environ, alertmanager=am)
+        self.registry.register(HookCollector(self))
+        self._task = asyncio.create_task(self.remediator.run(self._stop), name="remediator")
+        if self.token is None:
+            log.error("%s is not set: the webhook answers 503 until it is", self.config.remediate.webhook_token_env)
+        log.info(
+            "engines: %s; alertmanager: %s; state: %s%s",
+            ", ".join(self.remediator.engines) or "none", am_url or "none (pages are logged)",
+            self.store.path, "; DRY RUN" if self.config.breaker.dry_run else "",
+        )  # fmt: skip
+
+    async def stop(self, _app: web.Application) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self._task, timeout=10)
+        if self._session is not None:
+            await self._session.close()
+        self.store.close()
+        log.info("stopped")
+
+    @web.middleware
+    async def count_requests(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if request.path == WEBHOOK_PATH:
+                self.requests[exc.status] += 1
+            raise
+        if request.path == WEBHOOK_PATH:
+            self.requests[response.status] += 1
+        return response
+
+    async def handle_webhook(self, request: web.Request) -> web.Response:
+        if self.token is None:
+            return _error(503, f"no webhook token configured: set {self.config.remediate.webhook_token_env}")
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            log.warning("webhook: rejected a request from %s: missing or wrong bearer token", request.remote)
+            return _error(401, "missing or wrong bearer token")
+        body = await request.read()  # aiohttp answers 413 past client_max_size
+        try:
+            payload = WebhookPayload.model_validate_json(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            log.warning("webhook: rejected a payload: %s: %s", where, first["msg"])
+            return _error(400, f"not an Alertmanager version 4 payload: {where}: {first['msg']}")
+        try:
+            summary = self.remediator.accept(payload)
+        except sqlite3.Error as exc:
+            log.error("webhook: cannot write the inbox (%s): answering 500 so that Alertmanager retries", exc)
+            return _error(500, "cannot store the notification; retry")
+        return web.json_response({"status": "accepted", **summary})
+
+    async def handle_metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain", charset="utf-8")
+
+    async def handle_healthz(self, _request: web.Request) -> web.Response:
+        r = self.remediator
+        engines = {name: {"mode": s.mode, "strikes": s.strikes, "target_limit": s.target_limit,
+                          "applied_limit": s.applied_limit} for name, s in r.states.items()}  # fmt: skip
+        return web.json_response(
+            {
+                "status": "ok",
+                "version": __version__,
+                "engines": engines,
+                "webhook_token": self.token is not None,
+                "dry_run": self.config.breaker.dry_run,
+            }
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self.count_requests])
+        app.router.add_post(WEBHOOK_PATH, self.handle_webhook)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_healthz)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        return app
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=json.dumps({"error": message}), content_type="application/json")
+
+
+def serve(config: Config) -> None:
+    """Run the hook until SIGINT or SIGTERM, then shut down cleanly."""
+    host, port = parse_listen(config.remediate.listen)
+    server = RemediationServer(config)
+    log.info("batchlens remediate %s: webhook on http://%s%s", __version__, config.remediate.listen, WEBHOOK_PATH)
+    web.run_app(server.app(), host=host, port=port, print=None, access_log=None, shutdown_timeout=5)

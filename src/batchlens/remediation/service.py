@@ -1,0 +1,304 @@
+"""The hook's engine room: the inbox in, breaker decisions through, admin API calls and pages out.
+
+One asyncio task does all the work, one pass at a time (:meth:`Remediator.step`):
+
+1. decide every pending delivery, oldest first, and save the state it produced
+   together with the delivery's "done" mark (one transaction);
+2. advance recovery on the clock;
+3. apply every target limit the admin API has not confirmed yet. A PUT sets an
+   absolute value, so repeating one after a crash or a failure never halves
+   twice. Failures back off (1, 2, 4, ... 60 s) and are retried until they land;
+4. post the pages the decisions asked for to Alertmanager, retrying likewise.
+
+The webhook only writes the inbox (:meth:`accept`) and wakes the task, so it
+answers in milliseconds whatever the engines are doing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import aiohttp
+
+from batchlens.config import Config
+from batchlens.remediation.admin_client import AdminCallError, AdminClient
+from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
+from batchlens.remediation.breaker import Decision, EngineState, Observation, on_firing, on_resolved, on_tick
+from batchlens.remediation.store import Delivery, Store
+from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, WebhookPayload, deliveries
+
+log = logging.getLogger("batchlens.remediate")
+PAGE_ALERT = "VllmBreakerEscalation"
+MAX_BACKOFF = 60.0
+
+
+@dataclass
+class Backoff:
+    failures: int = 0
+    retry_at: float = 0.0
+
+    def failed(self, now: float) -> float:
+        self.failures += 1
+        delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
+        self.retry_at = now + delay
+        return delay
+
+
+@dataclass(frozen=True)
+class Page:
+    instance: str
+    reason: str  # cold_start | capacity
+    text: str
+    resolve: bool = False
+
+
+class Remediator:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        session: aiohttp.ClientSession,
+        environ: Mapping[str, str],
+        *,
+        alertmanager: AlertmanagerClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.settings = config.breaker
+        self.store = store
+        self.clock = clock
+        self.alertmanager = alertmanager
+        self.engines = {e.name: e for e in config.engines}
+        self.admins = {e.name: AdminClient(session, e.url, environ.get(e.admin_token_env)) for e in config.engines}
+        self._session = session
+        self.states: dict[str, EngineState] = {name: EngineState() for name in self.engines}
+        self.states.update({k: v for k, v in store.states().items() if k in self.engines})
+        self.actions: Counter[tuple[str, str, str]] = Counter()  # (instance, action, result)
+        self.deliveries: Counter[str] = Counter()  # outcome
+        self.pages: Counter[tuple[str, str]] = Counter()  # (reason, result)
+        self._apply_backoff = {name: Backoff() for name in self.engines}
+        self._observe_backoff = {name: Backoff() for name in self.engines}
+        self._page_queue: list[Page] = []
+        self._page_backoff = Backoff()
+        self._kv_reset_at: dict[str, float] = {}
+        self.wake = asyncio.Event()
+
+    # --- the webhook's part: fast, no network ------------------------------------------------------------
+
+    def accept(self, payload: WebhookPayload) -> dict[str, int]:
+        """Write the notification's deliveries to the inbox; raises sqlite3.Error if that fails."""
+        alertnames = {BREAKER_ALERT, KV_ALERT} if self.settings.reset_prefix_cache else {BREAKER_ALERT}
+        keep, skipped = deliveries(payload, now=self.clock(), instances=self.engines, alertnames=alertnames)
+        if keep:
+            self.store.accept(keep)
+            self.wake.set()
+        for reason, n in skipped.items():
+            self.deliveries[reason] += n
+            if reason in ("unknown_instance", "missing_vllm_instance", "truncated"):
+                log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
+        return {"accepted": len(keep), **skipped}
+
+    # --- the worker ------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.reconcile()
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:  # one bad pass must not end remediation; the next pass retries
+                log.exception("remediation pass failed; retrying in 1 s")
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
+                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+
+    async def reconcile(self) -> None:
+        """At startup: read every engine's limit, and say what is left to apply."""
+        for name, admin in self.admins.items():
+            state = self.states[name]
+            try:
+                now = await admin.get()
+            except AdminCallError as exc:
+                log.warning("startup: %s: cannot read the batch limit: %s", name, exc)
+                continue
+            pending = state.target_limit is not None and state.target_limit != state.applied_limit
+            log.info(
+                "startup: %s: limit %d of %d, breaker %s, %d strike(s)%s",
+                name, now.max_num_active_seqs, now.max_num_seqs, state.mode, state.strikes,
+                f"; target {state.target_limit} not yet confirmed: applying it" if pending else "",
+            )  # fmt: skip
+            self._save(name, replace(state, capacity=now.max_num_seqs))
+
+    async def step(self) -> None:
+        blocked: set[str] = set()  # engines that could not be observed: their later deliveries wait too
+        for delivery in self.store.pending():
+            if delivery.vllm_instance not in blocked and not await self._decide(delivery):
+                blocked.add(delivery.vllm_instance)
+        now = self.clock()
+        for name, state in list(self.states.items()):
+            decision = on_tick(state, now=now, settings=self.settings)
+            if decision.action != "none":
+                self._conclude(name, decision, now)
+        for name in self.engines:
+            await self._apply(name)
+        await self._send_pages()
+
+    async def _decide(self, delivery: Delivery) -> bool:
+        name, state = delivery.vllm_instance, self.states[delivery.vllm_instance]
+        if delivery.alertname == KV_ALERT:
+            await self._reset_prefix_cache(delivery)
+            self.store.save(name, state, self.clock(), done=delivery, outcome="reset_prefix_cache")
+            return True
+        if delivery.status == "resolved":
+            decision = on_resolved(state, starts_at=delivery.starts_at, now=delivery.received_at)
+        else:
+            obs = await self._observe(name)
+            if obs is None:
+                return False
+            decision = on_firing(
+                state, starts_at=delivery.starts_at, now=delivery.received_at, obs=obs, settings=self.settings
+            )
+        self._conclude(name, decision, self.clock(), delivery)
+        return True
+
+    async def _observe(self, name: str) -> Observation | None:
+        backoff, state = self._observe_backoff[name], self.states[name]
+        if self.clock() < backoff.retry_at:
+            return None
+        try:
+            now = await self.admins[name].get()
+        except AdminCallError as exc:
+            known = state.applied_limit or state.target_limit
+            if known is not None and state.capacity is not None:
+                log.warning("%s: %s; deciding on the last known limit %d", name, exc, known)
+                return Observation(limit=known, capacity=state.capacity, running=0, waiting=0)
+            delay = backoff.failed(self.clock())
+            log.warning("%s: %s; the delivery waits, retry in %.0f s", name, exc, delay)
+            self.actions[(name, "observe", exc.reason)] += 1
+            return None
+        backoff.failures = 0
+        return Observation(now.max_num_active_seqs, now.max_num_seqs, now.num_running, now.num_waiting)
+
+    def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:
+        """Save the decision's state (and the delivery's done mark), log it, queue its page."""
+        outcome = decision.action if decision.action != "none" else _outcome(decision.reason)
+        self._save(name, decision.state, delivery, outcome)
+        if delivery is not None:
+            self.deliveries[outcome] += 1
+        if decision.action == "none":
+            if delivery is not None:
+                log.info("%s: %s %s: %s", name, delivery.alertname, delivery.status, decision.reason)
+            return
+        self._apply_backoff[name] = Backoff()
+        entry = {"at": now, "vllm_instance": name, "action": decision.action, "reason": decision.reason,
+                 "target": decision.state.target_limit, "strikes": decision.state.strikes,
+                 "mode": decision.state.mode, "dry_run": self.settings.dry_run}  # fmt: skip
+        self.store.log_action(entry)
+        self.actions[(name, decision.action, "decided")] += 1
+        log.warning(
+            "%s: %s: %s%s", name, decision.action, decision.reason, " (dry run)" if self.settings.dry_run else ""
+        )
+        if decision.page:
+            self._page_queue.append(Page(name, decision.page, decision.reason))
+        self._page_queue += [Page(name, reason, "recovered", resolve=True) for reason in decision.resolved_pages]
+
+    def _save(self, name: str, state: EngineState, delivery: Delivery | None = None, outcome: str = "") -> None:
+        self.store.save(name, state, self.clock(), done=delivery, outcome=outcome)
+        self.states[name] = state
+
+    async def _apply(self, name: str) -> None:
+        state, backoff = self.states[name], self._apply_backoff[name]
+        target = state.target_limit
+        if target is None or target == state.applied_limit or self.clock() < backoff.retry_at:
+            return
+        if self.settings.dry_run:
+            log.warning("%s: dry run: would set the batch limit to %d", name, target)
+            result = "dry_run"
+        else:
+            try:
+                reply = await self.admins[name].put(target)
+                result = "ok"
+                log.warning("%s: batch limit set to %d", name, reply.max_num_active_seqs)
+            except AdminCallError as exc:
+                delay = backoff.failed(self.clock())
+                self.actions[(name, "set_limit", exc.reason)] += 1
+                self.store.log_action({"at": self.clock(), "vllm_instance": name, "action": "set_limit",
+                                       "target": target, "result": exc.reason, "retry_in": delay})  # fmt: skip
+                log.error("%s: setting the batch limit to %d failed: %s; retry in %.0f s", name, target, exc, delay)
+                return
+        self.actions[(name, "set_limit", result)] += 1
+        self.store.log_action({"at": self.clock(), "vllm_instance": name, "action": "set_limit", "target": target,
+                               "result": result})  # fmt: skip
+        self._save(name, replace(self.states[name], applied_limit=target))
+
+    async def _send_pages(self) -> None:
+        if not self._page_queue or self.clock() < self._page_backoff.retry_at:
+            return
+        if self.alertmanager is None:
+            for page in self._page_queue:
+                if not page.resolve:
+                    log.critical("%s: PAGE %s: %s (no Alertmanager configured: the breaker metric is the page)",
+                                 page.instance, page.reason, page.text)  # fmt: skip
+                self.pages[(page.reason, "no_alertmanager")] += 1
+            self._page_queue.clear()
+            return
+        alerts = [self._page_alert(p) for p in self._page_queue]
+        try:
+            await self.alertmanager.post_alerts(alerts)
+        except AlertmanagerError as exc:
+            delay = self._page_backoff.failed(self.clock())
+            log.error("paging through Alertmanager failed: %s; retry in %.0f s", exc, delay)
+            for page in self._page_queue:
+                self.pages[(page.reason, "error")] += 1
+            return
+        self._page_backoff = Backoff()
+        for page in self._page_queue:
+            self.pages[(page.reason, "resolved" if page.resolve else "sent")] += 1
+        self._page_queue.clear()
+
+    def _page_alert(self, page: Page) -> PostableAlert:
+        now = utc(self.clock())
+        return PostableAlert(
+            labels={
+                "alertname": PAGE_ALERT,
+                "severity": "critical",
+                "vllm_instance": page.instance,
+                "reason": page.reason,
+                "source": "batchlens-remediate",
+            },
+            annotations={
+                "summary": f"batchlens breaker on {page.instance}: {page.reason.replace('_', ' ')}",
+                "description": page.text,
+                "runbook_url": f"docs/runbooks/{PAGE_ALERT}.md",
+                "dashboard_url": f"/d/batchlens-breaker/batchlens?var-vllm_instance={page.instance}",
+            },
+            startsAt=None if page.resolve else now,
+            endsAt=now if page.resolve else None,
+        )
+
+    async def _reset_prefix_cache(self, delivery: Delivery) -> None:
+        name = delivery.vllm_instance
+        last = self._kv_reset_at.get(name)
+        if delivery.status != "firing" or (last is not None and self.clock() - last < self.settings.cooldown_seconds):
+            return
+        self._kv_reset_at[name] = self.clock()
+        url = self.engines[name].url + "/reset_prefix_cache"
+        try:
+            async with self._session.post(url, timeout=aiohttp.ClientTimeout(total=10)) as reply:
+                result = "ok" if reply.status == 200 else f"http_{reply.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            result = exc.__class__.__name__
+        self.actions[(name, "reset_prefix_cache", result)] += 1
+        log.warning("%s: POST /reset_prefix_cache: %s", name, result)
+
+
+def _outcome(reason: str) -> str:
+    """A short label for a no-action decision, for the metrics."""
+    for key, label in (("cooldown", "cooldown"), ("out-of-order", "stale"), ("cold-start", "cold_start_hold")):
+        if key in reason:
+            return label
+    return "recorded"

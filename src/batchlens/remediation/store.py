@@ -1,0 +1,124 @@
+"""Where the hook keeps what it must not lose: SQLite for state and the inbox, a JSONL file for the action log.
+
+- ``engines``: each engine's breaker state (:class:`EngineState` as JSON).
+- ``inbox``: every alert delivery the webhook accepted, with the time it
+  arrived. A delivery is written before the webhook answers 200, and marked
+  done in the same transaction that saves the state it produced, so after a
+  ``kill -9`` nothing is lost and nothing is applied twice: an unfinished
+  delivery is decided again, and a decided one is not.
+- ``<state_path>.actions.jsonl``: one line per action and per attempt to apply
+  it, appended and flushed; ``tail -f`` it at 3 a.m.
+
+The connection is used from one thread at a time (the hook's event loop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from batchlens.remediation.breaker import EngineState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS engines (
+    vllm_instance TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    received_at REAL NOT NULL,
+    vllm_instance TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    status TEXT NOT NULL,
+    starts_at REAL NOT NULL,
+    fingerprint TEXT NOT NULL,
+    done_at REAL,
+    outcome TEXT
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (done_at, id);
+"""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One alert of one webhook notification, as the inbox holds it."""
+
+    received_at: float
+    vllm_instance: str
+    alertname: str
+    status: str  # firing | resolved
+    starts_at: float
+    fingerprint: str
+    id: int | None = None
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # an accepted delivery survives a power cut
+        self._db.executescript(SCHEMA)
+        self.action_log = self.path.with_name(self.path.name + ".actions.jsonl")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def states(self) -> dict[str, EngineState]:
+        rows = self._db.execute("SELECT vllm_instance, state FROM engines").fetchall()
+        return {name: EngineState.from_dict(json.loads(state)) for name, state in rows}
+
+    def accept(self, deliveries: list[Delivery]) -> None:
+        """Write a notification's deliveries in one transaction (all or none)."""
+        with self._transaction():
+            self._db.executemany(
+                "INSERT INTO inbox (received_at, vllm_instance, alertname, status, starts_at, fingerprint) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (d.received_at, d.vllm_instance, d.alertname, d.status, d.starts_at, d.fingerprint)
+                    for d in deliveries
+                ],
+            )
+
+    def pending(self) -> list[Delivery]:
+        rows = self._db.execute(
+            "SELECT id, received_at, vllm_instance, alertname, status, starts_at, fingerprint "
+            "FROM inbox WHERE done_at IS NULL ORDER BY id"
+        ).fetchall()
+        return [Delivery(r[1], r[2], r[3], r[4], r[5], r[6], id=r[0]) for r in rows]
+
+    def save(
+        self, instance: str, state: EngineState, now: float, done: Delivery | None = None, outcome: str = ""
+    ) -> None:
+        """Save an engine's state, and mark the delivery that produced it done, atomically."""
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO engines (vllm_instance, state, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (vllm_instance) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
+                (instance, json.dumps(state.to_dict()), now),
+            )
+            if done is not None:
+                self._db.execute("UPDATE inbox SET done_at = ?, outcome = ? WHERE id = ?", (now, outcome, done.id))
+
+    def log_action(self, entry: dict) -> None:
+        with self.action_log.open("a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")

@@ -1,0 +1,129 @@
+"""The breaker state machine, table-driven with time travel. Pure: no clock, no servers.
+
+Each table is one engine's story: a list of steps (time, event, expected action, expected state),
+run in order, each step's state feeding the next.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batchlens.config import Breaker
+from batchlens.remediation.breaker import EngineState, Observation, on_firing, on_resolved, on_tick
+
+SETTINGS = Breaker(strikes=3, cooldown_seconds=60, cold_start_limit=1, recovery_interval_seconds=300)
+EPISODE = 1000.0  # startsAt of the alert in the stories below
+
+
+def fire(limit: int, *, starts_at: float = EPISODE, capacity: int = 64, running: int | None = None, waiting: int = 0):
+    obs = Observation(limit, capacity, limit if running is None else running, waiting)
+    return lambda s, now: on_firing(s, starts_at=starts_at, now=now, obs=obs, settings=SETTINGS)
+
+
+def resolve(starts_at: float = EPISODE):
+    return lambda s, now: on_resolved(s, starts_at=starts_at, now=now)
+
+
+def tick(s, now):
+    return on_tick(s, now=now, settings=SETTINGS)
+
+
+def run(story, state: EngineState | None = None):
+    state = state or EngineState()
+    for i, (now, event, action, expect) in enumerate(story):
+        decision = event(state, now)
+        assert decision.action == action, f"step {i} at t={now}: {decision.action} ({decision.reason})"
+        for field, value in expect.items():
+            got = getattr(decision, field) if hasattr(decision, field) and field != "state" else None
+            got = getattr(decision.state, field) if got is None and hasattr(decision.state, field) else got
+            assert got == value, f"step {i} at t={now}: {field} is {got!r}, expected {value!r} ({decision.reason})"
+        state = decision.state
+    return state
+
+
+def test_three_strikes_then_cold_start_then_additive_recovery_to_the_original_limit() -> None:
+    final = run([
+        (1100, fire(32), "halve", {"set_limit": 16, "strikes": 1, "mode": "tripped", "original_limit": 32}),
+        (1130, fire(16), "none", {"strikes": 1}),                     # a repeat inside the cooldown: recorded
+        (1159, fire(16), "none", {"strikes": 1}),                     # still inside (59 s after the action)
+        (1160, fire(16), "halve", {"set_limit": 8, "strikes": 2}),    # outside: another strike
+        (1220, fire(8), "cold_start", {"set_limit": 1, "strikes": 3, "mode": "cold_start", "page": "cold_start"}),
+        (1400, fire(1), "none", {"mode": "cold_start", "page": None}),  # cold start holds; no second page
+        (1500, resolve(), "resolved", {"mode": "recovering", "target_limit": 1}),
+        (1799, tick, "none", {"target_limit": 1}),                    # not yet stable for 300 s
+        (1800, tick, "raise", {"set_limit": 4}),                      # + max(1, 10% of 32) = 3
+        (2100, tick, "raise", {"set_limit": 7}),
+        *[(2100 + 300 * k, tick, "raise", {"set_limit": 7 + 3 * k}) for k in range(1, 9)],  # 10, 13, ..., 31
+        (4800, tick, "recovered", {"set_limit": 32, "mode": "closed", "strikes": 0, "resolved_pages": ("cold_start",)}),
+        (5100, tick, "none", {"mode": "closed"}),
+    ])  # fmt: skip
+    assert final.original_limit is None and final.paged == ()
+
+
+def test_a_trigger_during_recovery_halves_again_and_keeps_counting_strikes() -> None:
+    run([
+        (10, fire(40, starts_at=0), "halve", {"set_limit": 20, "strikes": 1}),
+        (20, resolve(starts_at=0), "resolved", {"mode": "recovering"}),
+        (320, tick, "raise", {"set_limit": 24}),                      # + 10% of 40
+        (400, fire(24, starts_at=350), "halve", {"set_limit": 12, "strikes": 2, "original_limit": 40}),
+        (500, fire(12, starts_at=350), "cold_start", {"strikes": 3, "set_limit": 1}),
+    ])  # fmt: skip
+
+
+def test_an_out_of_order_firing_of_a_resolved_episode_never_acts() -> None:
+    run([
+        (1100, fire(32), "halve", {"strikes": 1}),
+        (1200, resolve(), "resolved", {"resolved_through": EPISODE}),
+        (1300, fire(16), "none", {"strikes": 1, "mode": "recovering"}),  # delayed delivery of the same episode
+        (1301, fire(16, starts_at=EPISODE - 50), "none", {"strikes": 1}),  # an even older one
+        (1302, fire(16, starts_at=1250), "halve", {"strikes": 2}),      # a new episode does act
+    ])  # fmt: skip
+
+
+def test_an_out_of_order_resolution_of_an_older_episode_is_only_recorded() -> None:
+    run([
+        (1100, fire(32, starts_at=1050), "halve", {"mode": "tripped"}),
+        (1110, resolve(starts_at=900), "none", {"mode": "tripped", "resolved_through": 900}),
+    ])  # fmt: skip
+
+
+def test_overload_holds_the_limit_counts_no_strike_and_pages_capacity_once() -> None:
+    run([
+        (0, fire(8, waiting=32), "hold_overload", {"set_limit": None, "strikes": 0, "page": "capacity"}),
+        (30, fire(8, waiting=40), "none", {}),                        # the cooldown applies to holds too
+        (61, fire(8, waiting=40), "hold_overload", {"page": None, "strikes": 0}),
+        (122, fire(8, waiting=31), "halve", {"set_limit": 4, "strikes": 1}),  # the queue is under 4 batches
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("limit", "capacity", "action", "expected"),
+    [
+        (1, 64, "halve", 1),  # the floor is 1
+        (3, 64, "halve", 1),
+        (64, 64, "halve", 32),
+    ],
+)
+def test_halving_is_bounded_below_by_one(limit: int, capacity: int, action: str, expected: int) -> None:
+    assert fire(limit, capacity=capacity)(EngineState(), 0).set_limit == expected
+
+
+def test_cold_start_and_recovery_stay_within_the_capacity() -> None:
+    settings = Breaker(strikes=1, cold_start_limit=8, recovery_interval_seconds=10)
+    obs = Observation(limit=4, capacity=4, running=4, waiting=0)
+    decision = on_firing(EngineState(), starts_at=0, now=0, obs=obs, settings=settings)
+    assert decision.action == "cold_start" and decision.set_limit == 4  # not 8: the engine holds 4
+    state = on_resolved(decision.state, starts_at=0, now=1).state
+    assert on_tick(state, now=11, settings=settings).set_limit == 4
+
+
+def test_a_resolution_while_closed_changes_nothing() -> None:
+    decision = on_resolved(EngineState(), starts_at=5, now=10)
+    assert decision.action == "none" and decision.state.mode == "closed" and decision.state.resolved_through == 5
+
+
+def test_the_state_survives_a_json_round_trip() -> None:
+    state = run([(0, fire(32, waiting=200), "hold_overload", {}), (100, fire(32), "halve", {})])
+    assert EngineState.from_dict(json.loads(json.dumps(state.to_dict()))) == state

@@ -1,0 +1,338 @@
+"""`batchlens remediate` as a real process, over real HTTP: the webhook, the breaker acting on the
+simulator's admin API, persistence across kill -9, faults, paging through a real Alertmanager.
+
+Fakes: the simulator stands in for vLLM on a GPU; `Upstreams` (harness/upstreams.py) plays an admin API
+that answers 401 or hangs. A real vLLM is in test_remediate_vllm.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.admin import AdminClient
+from harness.alertmanager import AlertmanagerServer
+from harness.exporter import pick
+from harness.procs import free_port
+from harness.prometheus import require_binary
+from harness.remediate import WEBHOOK_TOKEN, RemediateProcess, alert, notification
+from harness.simulator import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+CAPACITY = 32
+T0 = 1_800_000_000.0  # the alerts' startsAt
+
+
+def eventually(check: Callable[[], object], what: str, timeout: float = 15) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def sim(tmp_path) -> Iterator[SimulatorProcess]:
+    s = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)))
+    yield s
+    s.stop()
+
+
+def hook_config(*engines: tuple[str, str], **breaker) -> dict:
+    return {
+        "engines": [{"name": name, "url": url} for name, url in engines],
+        "breaker": {"cooldown_seconds": 30, "recovery_interval_seconds": 1, **breaker},
+    }
+
+
+@pytest.fixture
+def start_hook(tmp_path, sim) -> Iterator[Callable[..., RemediateProcess]]:
+    hooks = []
+
+    def start(config: dict | None = None, **kwargs) -> RemediateProcess:
+        hook = RemediateProcess(tmp_path, config or hook_config(("sim", sim.url)),
+                                env={"BATCHLENS_ADMIN_TOKEN": sim.token}, **kwargs)  # fmt: skip
+        hooks.append(hook)
+        return hook
+
+    yield start
+    for hook in hooks:
+        hook.stop()
+
+
+def limit_of(sim: SimulatorProcess) -> int:
+    return AdminClient(sim.url, sim.token).state().max_num_active_seqs
+
+
+def wait_limit(sim: SimulatorProcess, value: int, timeout: float = 15) -> None:
+    eventually(lambda: limit_of(sim) == value, f"the limit becoming {value} (it is {limit_of(sim)})", timeout)
+
+
+def test_a_firing_alert_halves_once_and_deliveries_inside_the_cooldown_only_count(sim, start_hook) -> None:
+    hook = start_hook()
+    status, body = hook.post(notification(alert("sim")))
+    assert (status, body["accepted"]) == (200, 1)
+    wait_limit(sim, 16)
+    for _ in range(3):  # a retry, an HA twin, a repeat: all inside the 30 s cooldown
+        assert hook.post(notification(alert("sim")))[0] == 200
+    time.sleep(1.5)
+    assert limit_of(sim) == 16
+    assert hook.health()["engines"]["sim"] | {"strikes": 1, "mode": "tripped"} == hook.health()["engines"]["sim"]
+    samples = hook.samples()
+    assert pick(samples, "batchlens_remediation_deliveries_total", outcome="cooldown") == {
+        frozenset({("outcome", "cooldown")}): 3.0
+    }
+    assert [a["action"] for a in hook.actions() if a["action"] != "set_limit"] == ["halve"]
+
+
+def test_three_strikes_cold_start_then_the_limit_recovers_step_by_step(sim, start_hook) -> None:
+    hook = start_hook(hook_config(("sim", sim.url), cooldown_seconds=1))
+    for expected in (16, 8, 1):  # the third strike is cold start, at 1
+        hook.post(notification(alert("sim")))
+        wait_limit(sim, expected)
+        time.sleep(1.1)  # past the cooldown: the next delivery is a new strike
+    assert hook.health()["engines"]["sim"]["mode"] == "cold_start"
+    hook.post(notification(alert("sim", "resolved")))
+    seen = set()
+    eventually(lambda: seen.add(limit_of(sim)) or limit_of(sim) == CAPACITY, "recovery to 32", timeout=30)
+    assert {4, 7} <= seen, f"recovery steps by max(1, 10% of 32) = 3: saw {sorted(seen)}"
+    assert hook.health()["engines"]["sim"] | {"mode": "closed", "strikes": 0} == hook.health()["engines"]["sim"]
+    state = pick(hook.samples(), "batchlens_breaker_state", vllm_instance="sim")
+    assert {dict(k)["state"]: v for k, v in state.items()} == {
+        "closed": 1, "recovering": 0, "tripped": 0, "cold_start": 0}  # fmt: skip
+
+
+def test_one_notification_mixing_engines_and_bad_alerts_handles_each_on_its_own(tmp_path, sim, start_hook) -> None:
+    other = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)))
+    try:
+        hook = start_hook(hook_config(("sim", sim.url), ("other", other.url)))
+        no_instance = alert("sim")
+        del no_instance["labels"]["vllm_instance"]
+        status, body = hook.post(notification(
+            alert("sim"), alert("other", "resolved"), alert("ghost"), no_instance,
+            alert("sim", name="VllmKvCacheBlocksHigh"),
+        ))  # fmt: skip
+        assert status == 200
+        assert body == {"status": "accepted", "accepted": 2, "unknown_instance": 1, "missing_vllm_instance": 1,
+                        "other_alert": 1}  # fmt: skip
+        wait_limit(sim, 16)
+        time.sleep(1)
+        assert limit_of(other) == CAPACITY
+    finally:
+        other.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "token", "status"),
+    [
+        (notification(alert("sim")), None, 401),
+        (notification(alert("sim")), "wrong-token", 401),
+        (b"{not json", WEBHOOK_TOKEN, 400),
+        ({**notification(alert("sim")), "version": "3"}, WEBHOOK_TOKEN, 400),
+        ({**notification(alert("sim")), "alerts": "sim"}, WEBHOOK_TOKEN, 400),
+        ({**notification(), "alerts": [{"status": "firing", "labels": {}}]}, WEBHOOK_TOKEN, 400),  # no startsAt
+        (b'{"version": "4", "pad": "' + b"x" * (10 * 1024 * 1024) + b'"}', WEBHOOK_TOKEN, 413),
+    ],
+    ids=[
+        "no-token",
+        "wrong-token",
+        "malformed-json",
+        "version-3",
+        "alerts-not-a-list",
+        "alert-without-times",
+        "10MB",
+    ],
+)
+def test_bad_requests_get_a_clear_status_and_change_nothing(sim, start_hook, body, token, status) -> None:
+    hook = start_hook()
+    got, reply = hook.post(body, token=token)
+    assert got == status, reply
+    time.sleep(0.5)
+    assert limit_of(sim) == CAPACITY
+    assert hook.health()["engines"]["sim"]["strikes"] == 0
+    assert pick(hook.samples(), "batchlens_webhook_requests_total", code=str(status))
+
+
+def test_truncated_alerts_are_counted(sim, start_hook) -> None:
+    hook = start_hook()
+    status, body = hook.post(notification(alert("sim"), truncated=7))
+    assert status == 200 and body["truncated"] == 7
+    wait_limit(sim, 16)
+    assert pick(hook.samples(), "batchlens_remediation_deliveries_total", outcome="truncated")
+
+
+def test_without_a_webhook_token_the_hook_answers_503_and_says_why(sim, start_hook) -> None:
+    hook = start_hook(token="")
+    status, body = hook.post(notification(alert("sim")))
+    assert status == 503 and "BATCHLENS_WEBHOOK_TOKEN" in body["error"]
+
+
+def test_an_out_of_order_firing_after_its_resolution_never_acts(sim, start_hook) -> None:
+    hook = start_hook()
+    hook.post(notification(alert("sim", "resolved", starts_at=T0)))
+    hook.post(notification(alert("sim", "firing", starts_at=T0)))  # delivered late
+    hook.post(notification(alert("sim", "firing", starts_at=T0 - 60)))  # older still
+    time.sleep(2)
+    assert limit_of(sim) == CAPACITY
+    assert pick(hook.samples(), "batchlens_remediation_deliveries_total", outcome="stale")
+
+
+def test_after_kill_9_no_strike_is_lost_and_nothing_is_halved_twice(sim, start_hook) -> None:
+    hook = start_hook(hook_config(("sim", sim.url), cooldown_seconds=4))
+    hook.post(notification(alert("sim")))
+    wait_limit(sim, 16)
+    hook.kill9()
+    hook.start()
+    assert hook.health()["engines"]["sim"]["strikes"] == 1
+    hook.post(notification(alert("sim")))  # a replay inside the cooldown, after the restart
+    time.sleep(1.5)
+    assert limit_of(sim) == 16
+    time.sleep(3)
+    hook.post(notification(alert("sim")))  # past the cooldown: strike 2 continues the episode
+    wait_limit(sim, 8)
+    assert hook.health()["engines"]["sim"]["strikes"] == 2
+
+
+def test_a_delivery_accepted_before_kill_9_is_decided_once_after_the_restart(tmp_path) -> None:
+    port = free_port()  # nothing listens yet: the engine cannot be observed, so the delivery waits
+    hook = RemediateProcess(tmp_path, hook_config(("sim", f"http://127.0.0.1:{port}")),
+                            env={"BATCHLENS_ADMIN_TOKEN": "sim-admin-token"})  # fmt: skip
+    sim = None
+    try:
+        assert hook.post(notification(alert("sim")))[0] == 200
+        time.sleep(1)
+        assert hook.health()["engines"]["sim"]["strikes"] == 0
+        hook.kill9()
+        sim = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)), port=port)
+        hook.start()
+        wait_limit(sim, 16)
+        time.sleep(2)
+        assert limit_of(sim) == 16 and hook.health()["engines"]["sim"]["strikes"] == 1
+        assert [a["action"] for a in hook.actions() if a["action"] != "set_limit"] == ["halve"]
+    finally:
+        hook.stop()
+        if sim is not None:
+            sim.stop()
+
+
+def test_an_admin_api_that_answers_401_is_recorded_and_retried_with_backoff(tmp_path, upstreams) -> None:
+    url = upstreams.add("engine", admin={"max_num_seqs": 32, "max_num_active_seqs": 32, "num_running": 0,
+                                         "num_waiting": 0}, admin_token="the-right-token")  # fmt: skip
+    hook = RemediateProcess(tmp_path, hook_config(("e", url)), env={"BATCHLENS_ADMIN_TOKEN": "a-wrong-token"})
+    try:
+        hook.post(notification(alert("e")))
+        time.sleep(6)
+        tries = len(upstreams.engines["engine"].admin_auth_seen)
+        assert 2 <= tries <= 5, f"backoff 1, 2, 4 s: 3 or 4 tries in 6 s, not {tries}"
+        assert pick(hook.samples(), "batchlens_remediation_actions_total", action="observe", result="http_401")
+        assert hook.health()["engines"]["e"]["strikes"] == 0  # nothing decided on a blind guess
+        assert "a-wrong-token" not in hook.process.log_path.read_text()  # the token is never logged
+    finally:
+        hook.stop()
+
+
+def test_a_hanging_admin_api_does_not_slow_the_webhook(tmp_path, upstreams) -> None:
+    url = upstreams.add("engine", behavior="hang", admin={"max_num_seqs": 32})
+    hook = RemediateProcess(tmp_path, hook_config(("e", url)), env={"BATCHLENS_ADMIN_TOKEN": "t"})
+    try:
+        hook.post(notification(alert("e")))
+        time.sleep(0.5)  # the worker is now waiting on the hanging GET
+        t0 = time.monotonic()
+        assert hook.post(notification(alert("e", "resolved")))[0] == 200
+        assert time.monotonic() - t0 < 1.0
+        eventually(lambda: pick(hook.samples(), "batchlens_remediation_actions_total", result="timeout"),
+                   "the GET timing out (5 s) and being counted")  # fmt: skip
+    finally:
+        hook.stop()
+
+
+def test_a_put_that_fails_is_retried_until_it_lands(tmp_path) -> None:
+    sim = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)))
+    port = sim.port
+    hook = RemediateProcess(tmp_path, hook_config(("sim", sim.url), cooldown_seconds=1),
+                            env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
+    try:
+        hook.post(notification(alert("sim")))
+        wait_limit(sim, 16)
+        sim.stop()  # the engine goes away; the hook decides on the last limit it knows, 16 -> 8
+        time.sleep(1.1)
+        hook.post(notification(alert("sim")))
+        eventually(lambda: pick(hook.samples(), "batchlens_remediation_actions_total", action="set_limit",
+                                result="unreachable"), "a failed PUT counted")  # fmt: skip
+        sim = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)), port=port)
+        wait_limit(sim, 8, timeout=30)  # the retry lands on the engine that came back
+        assert hook.health()["engines"]["sim"]["applied_limit"] == 8
+    finally:
+        hook.stop()
+        sim.stop()
+
+
+def test_with_alertmanager_down_the_hook_keeps_working(sim, start_hook) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    hook = start_hook({**hook_config(("sim", sim.url), strikes=1), "remediate": {"alertmanager_url": dead}})
+    hook.post(notification(alert("sim")))
+    wait_limit(sim, 1)  # strike 1 of 1: cold start
+    eventually(lambda: pick(hook.samples(), "batchlens_remediation_pages_total", reason="cold_start", result="error"),
+               "the failed page counted")  # fmt: skip
+    assert hook.post(notification(alert("sim", "resolved")))[0] == 200
+    wait_limit(sim, 4)  # recovery goes on
+    assert hook.health()["status"] == "ok"
+
+
+def test_cold_start_pages_on_call_once_through_a_real_alertmanager(tmp_path, sim, start_hook) -> None:
+    am = AlertmanagerServer(tmp_path / "am", ROOT / "provisioning" / "alertmanager" / "alertmanager.yml")
+    try:
+        hook = start_hook({**hook_config(("sim", sim.url), strikes=1, cooldown_seconds=1),
+                           "remediate": {"alertmanager_url": am.url}})  # fmt: skip
+        hook.post(notification(alert("sim")))
+        wait_limit(sim, 1)
+        pages = eventually(lambda: [a for a in am.alerts() if a["labels"]["alertname"] == "VllmBreakerEscalation"],
+                           "the page in Alertmanager")  # fmt: skip
+        assert (
+            pages[0]["labels"] | {"vllm_instance": "sim", "reason": "cold_start", "severity": "critical"}
+            == (pages[0]["labels"])
+        )
+        assert {r["name"] for r in pages[0]["receivers"]} == {"page"}
+        time.sleep(1.1)
+        hook.post(notification(alert("sim")))  # still breaching, past the cooldown: cold start holds
+        time.sleep(1.5)
+        sent = pick(hook.samples(), "batchlens_remediation_pages_total", reason="cold_start", result="sent")
+        assert list(sent.values()) == [1.0], sent
+    finally:
+        am.stop()
+
+
+def test_overload_holds_the_limit_and_escalates_capacity(sim, start_hook) -> None:
+    AdminClient(sim.url, sim.token).set_limit(2)
+    request = {"model": "deepseek-sim", "prompt": [1] * 2048, "max_tokens": 2000}
+    with sim.clients(20, lambda i: request):  # 18 waiting behind a batch of 2: a queue 9 batches long
+        eventually(lambda: AdminClient(sim.url, sim.token).state().num_waiting >= 12, "a long queue")
+        hook = start_hook()
+        hook.post(notification(alert("sim")))
+        eventually(lambda: pick(hook.samples(), "batchlens_remediation_pages_total", reason="capacity"),
+                   "the capacity escalation")  # fmt: skip
+        assert limit_of(sim) == 2 and hook.health()["engines"]["sim"]["strikes"] == 0
+        assert [a["action"] for a in hook.actions()] == ["hold_overload"]
+
+
+def test_the_metrics_pass_promtool(sim, start_hook) -> None:
+    hook = start_hook()
+    hook.post(notification(alert("sim")))
+    wait_limit(sim, 16)
+    promtool = require_binary("promtool", "prometheus")
+    from harness.procs import http_get
+
+    text = http_get(hook.url + "/metrics")[1]
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for family in ("batchlens_breaker_state", "batchlens_breaker_strikes", "batchlens_batch_limit_target",
+                   "batchlens_remediation_actions_total", "batchlens_webhook_requests_total"):  # fmt: skip
+        assert family.encode() in text, family
