@@ -275,6 +275,24 @@ def test_a_put_that_fails_is_retried_until_it_lands(tmp_path) -> None:
         sim.stop()
 
 
+def test_kv_pressure_resets_the_prefix_cache_once_per_cooldown_when_enabled(tmp_path, upstreams) -> None:
+    url = upstreams.add("engine", admin={"max_num_seqs": 32, "max_num_active_seqs": 32, "num_running": 0,
+                                         "num_waiting": 0}, admin_token="t")  # fmt: skip
+    hook = RemediateProcess(tmp_path, hook_config(("e", url), reset_prefix_cache=True),
+                            env={"BATCHLENS_ADMIN_TOKEN": "t"})  # fmt: skip
+    try:
+        kv = alert("e", name="VllmKvCacheBlocksHigh")
+        assert hook.post(notification(kv))[1]["accepted"] == 1
+        eventually(lambda: upstreams.engines["engine"].prefix_cache_resets == 1, "one POST /reset_prefix_cache")
+        hook.post(notification(kv))  # inside the cooldown
+        time.sleep(1.5)
+        assert upstreams.engines["engine"].prefix_cache_resets == 1
+        assert upstreams.engines["engine"].admin["max_num_active_seqs"] == 32  # KV pressure never halves
+        assert pick(hook.samples(), "batchlens_remediation_actions_total", action="reset_prefix_cache", result="ok")
+    finally:
+        hook.stop()
+
+
 def test_with_alertmanager_down_the_hook_keeps_working(sim, start_hook) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     hook = start_hook({**hook_config(("sim", sim.url), strikes=1), "remediate": {"alertmanager_url": dead}})

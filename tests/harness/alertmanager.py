@@ -6,8 +6,26 @@ import json
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from harness.procs import Process, free_port, http_get
 from harness.prometheus import require_binary
+
+PROVISIONED = Path(__file__).resolve().parents[2] / "provisioning" / "alertmanager" / "alertmanager.yml"
+
+
+def local_config(out: Path, hook_url: str, token: str, breaker_timing: dict[str, str] | None = None) -> Path:
+    """The provisioned routing with this test's hook address and token, and optionally faster breaker timing."""
+    config = yaml.safe_load(PROVISIONED.read_text())
+    token_file = out.with_suffix(".token")
+    token_file.write_text(token)
+    [hook] = next(r for r in config["receivers"] if r["name"] == "remediation")["webhook_configs"]
+    hook["url"] = hook_url
+    hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
+    breaker_route = next(r for r in config["route"]["routes"] if r["receiver"] == "remediation")
+    breaker_route.update(breaker_timing or {})
+    out.write_text(yaml.safe_dump(config))
+    return out
 
 
 class AlertmanagerServer:

@@ -52,19 +52,29 @@ def notification(*alerts: dict, truncated: int = 0) -> dict:
 
 
 class RemediateProcess:
-    def __init__(self, workdir: Path, config: dict, *, env: dict[str, str] | None = None, token: str = WEBHOOK_TOKEN):
+    def __init__(
+        self,
+        workdir: Path,
+        config: dict,
+        *,
+        env: dict[str, str] | None = None,
+        token: str = WEBHOOK_TOKEN,
+        defer: bool = False,
+    ):
+        """``defer``: reserve the port and write nothing yet; call start() (after editing ``config``)."""
         self.workdir = workdir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.state_path = workdir / "hook-state.sqlite"
         self.config_path = workdir / "hook.yaml"
         remediate = {"listen": f"127.0.0.1:{self.port}", "state_path": str(self.state_path)}
-        config = {**config, "remediate": {**remediate, **config.get("remediate", {})}}
-        self.config_path.write_text(yaml.safe_dump(config))
+        self.config = {**config, "remediate": {**remediate, **config.get("remediate", {})}}
         self.env = {"BATCHLENS_WEBHOOK_TOKEN": token, **(env or {})}
-        self.start()
+        if not defer:
+            self.start()
 
     def start(self) -> None:
+        self.config_path.write_text(yaml.safe_dump(self.config))
         argv = [BATCHLENS, "--log-level", "debug", "remediate", "--config", str(self.config_path)]
         log = self.workdir / f"remediate-{self.port}-{time.monotonic_ns()}.log"
         self.process = Process("remediate", argv, log, env=self.env)
@@ -99,8 +109,7 @@ class RemediateProcess:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def kill9(self) -> None:
-        self.process.proc.send_signal(signal.SIGKILL)
-        self.process.proc.wait(10)
+        self.process.stop(signal.SIGKILL)
 
     def stop(self) -> int:
         return self.process.stop()

@@ -32,6 +32,7 @@ class Upstream:
     admin_token: str | None = None
     hits: int = 0
     admin_auth_seen: list[str] = field(default_factory=list)
+    prefix_cache_resets: int = 0
 
 
 class Upstreams:
@@ -58,6 +59,7 @@ class Upstreams:
         app.router.add_get("/{name}/metrics", self._metrics)
         app.router.add_get("/{name}/batchlens/v1/batch", self._admin)
         app.router.add_put("/{name}/batchlens/v1/batch", self._admin)
+        app.router.add_post("/{name}/reset_prefix_cache", self._reset_prefix_cache)
         # Handlers that hang on purpose must not hold up the teardown.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
@@ -107,6 +109,11 @@ class Upstreams:
                 await resp.write(ln.encode())
                 await asyncio.sleep(up.slow_seconds / max(1, len(lines)))
         await resp.write_eof()
+
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1)."""
+        self.engines[request.match_info["name"]].prefix_cache_resets += 1
+        return web.Response(status=200)
 
     async def _admin(self, request: web.Request) -> web.Response:
         up = self.engines[request.match_info["name"]]
