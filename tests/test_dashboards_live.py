@@ -1,7 +1,8 @@
 """Every dashboard query against a real Prometheus holding real data, and `batchlens report` on it.
 
 The stack: the simulator (standing in for vLLM on a GPU) -> the exporter -> Prometheus 2.42 running the
-committed rule files. Load runs while the batch limit steps 1 -> 4 -> 16, so the operating points differ.
+committed rule files, and the remediation hook (in dry run, fed breaker notifications). Load runs while the
+batch limit steps 1 -> 4 -> 16, so the operating points differ.
 Grafana is the fake boundary (harness/grafana.py): the test fills the variables, runs each panel's
 queries as Grafana would, and applies the panel's transformations to the results.
 """
@@ -22,6 +23,7 @@ from harness.exporter import BATCHLENS, ExporterProcess
 from harness.grafana import interpolate, table_frames, transform, walk_panels
 from harness.procs import http_get
 from harness.prometheus import PrometheusServer
+from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
 
 pytestmark = pytest.mark.e2e
@@ -38,10 +40,6 @@ NO_DATA_HERE = {
     "Clock events (throttle reasons)": "the simulated GPU has no throttle reasons",
     "PCIe": "the simulated GPU has no PCIe counters",
     "NVLink": "the simulated GPU has no NVLink",
-    "Breaker state": "the remediation hook is not part of this stack",
-    "Strikes": "the remediation hook is not part of this stack",
-    "Remediation actions": "the remediation hook is not part of this stack",
-    "Webhook deliveries by status": "the remediation hook is not part of this stack",
 }
 
 
@@ -54,9 +52,17 @@ def stack(tmp_path_factory):
     exporter = ExporterProcess(
         tmp, [], interval=0.5, extra_args=("--config", str(config)), env={"BATCHLENS_ADMIN_TOKEN": sim.token}
     )
+    # The hook in dry run: its breaker state, strikes and actions fill the breaker dashboard, while the
+    # batch limit stays the test's to step.
+    breaker = {"dry_run": True, "cooldown_seconds": 1, "overload_queue_ratio": 100}
+    hook = RemediateProcess(tmp, {"engines": [{"name": "sim", "url": sim.url}], "breaker": breaker},
+                            env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
     prometheus = PrometheusServer(
         tmp / "prom",
-        [{"job_name": "batchlens", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+        [
+            {"job_name": "batchlens", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]},
+            {"job_name": "batchlens-remediate", "static_configs": [{"targets": [f"127.0.0.1:{hook.port}"]}]},
+        ],
         rule_files=tuple(str(p) for p in sorted((ROOT / "alerts").glob("*.yml"))),
     )
     admin = AdminClient(sim.url, sim.token)
@@ -65,10 +71,12 @@ def stack(tmp_path_factory):
         with sim.clients(8, lambda i: request):
             for limit in LIMITS:
                 admin.set_limit(limit)
+                hook.post(notification(alert("sim", "firing" if limit < LIMITS[-1] else "resolved")))
                 time.sleep(PHASE_SECONDS)
         yield prometheus
     finally:
         prometheus.stop()
+        hook.stop()
         exporter.stop()
         sim.stop()
 

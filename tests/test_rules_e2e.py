@@ -79,8 +79,11 @@ def test_rules_have_data_and_the_breaker_and_kv_alerts_reach_alertmanager(tmp_pa
                 for g in yaml.safe_load((rules / "batchlens.rules.yml").read_text())["groups"]
                 for r in g["rules"]
             ]
-            empty = [name for name in names if not prometheus.query(name)]
-            assert empty == [], f"recording rules with no data: {empty}"
+            # Subqueries step on 10 s boundaries and rates need two samples: give the slowest rule 30 s.
+            deadline = time.monotonic() + 30
+            while empty := [name for name in names if not prometheus.query(name)]:
+                assert time.monotonic() < deadline, f"recording rules with no data: {empty}"
+                time.sleep(1)
     finally:
         prometheus.stop()
         exporter.stop()
