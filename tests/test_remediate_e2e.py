@@ -44,7 +44,7 @@ def test_a_breach_is_halved_to_cold_start_paged_and_recovers_when_the_load_drops
         am_port_config = tmp_path / "alertmanager.yml"
         # The hook's port is known only once it starts; Alertmanager needs it first: reserve it.
         hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token}, defer=True)
-        local_config(am_port_config, f"{hook.url}/alertmanager", WEBHOOK_TOKEN,
+        local_config(am_port_config, hook.url, WEBHOOK_TOKEN,
                      {"group_wait": "0s", "group_interval": "2s", "repeat_interval": "5s"})  # fmt: skip
         am = AlertmanagerServer(tmp_path / "am", am_port_config)
         procs.append(am)

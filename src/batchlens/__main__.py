@@ -1,3 +1,5 @@
+"""`python -m batchlens`: the same CLI as the `batchlens` command."""
+
 from batchlens.cli import main
 
 main()

@@ -117,6 +117,7 @@ class Exporter(_Section):
     interval_seconds: float = Field(5.0, gt=0, le=3600)
     timeout_seconds: float = Field(3.0, gt=0, le=600, description="per engine, per request")
     max_response_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="larger /metrics bodies are refused")
+    nvml: bool = Field(True, description="read GPUs through NVML; off on a host known to have none (the demo)")
 
 
 class Thresholds(_Section):

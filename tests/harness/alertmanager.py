@@ -5,25 +5,23 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
+from batchlens.stack import PROVISIONING, alertmanager_config
 from harness.procs import Process, free_port, http_get
 from harness.prometheus import require_binary
 
-PROVISIONED = Path(__file__).resolve().parents[2] / "provisioning" / "alertmanager" / "alertmanager.yml"
-
 
 def local_config(out: Path, hook_url: str, token: str, breaker_timing: dict[str, str] | None = None) -> Path:
-    """The provisioned routing with this test's hook address and token, and optionally faster breaker timing."""
-    config = yaml.safe_load(PROVISIONED.read_text())
+    """The provisioned routing, rendered as the demo renders it for this hook, with faster breaker timing."""
     token_file = out.with_suffix(".token")
     token_file.write_text(token)
-    [hook] = next(r for r in config["receivers"] if r["name"] == "remediation")["webhook_configs"]
-    hook["url"] = hook_url
-    hook["http_config"]["authorization"]["credentials_file"] = str(token_file)
-    breaker_route = next(r for r in config["route"]["routes"] if r["receiver"] == "remediation")
-    breaker_route.update(breaker_timing or {})
+    hook = urlsplit(hook_url).netloc
+    template = (PROVISIONING / "alertmanager" / "alertmanager.yml").read_text()
+    config = yaml.safe_load(alertmanager_config(template, lambda service: hook, str(token_file)))
+    next(r for r in config["route"]["routes"] if r["receiver"] == "remediation").update(breaker_timing or {})
     out.write_text(yaml.safe_dump(config))
     return out
 

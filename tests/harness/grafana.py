@@ -14,7 +14,12 @@ Everything else (rendering, field matchers beyond byName) stays untested here.
 
 from __future__ import annotations
 
+import json
 import re
+import time
+import urllib.parse
+
+from harness.procs import http_get
 
 Row = dict[str, object]
 Frame = list[Row]
@@ -93,3 +98,30 @@ def transform(panel: dict, frames: list[Frame]) -> list[Frame]:
             raise NotImplementedError(f"panel {panel['title']!r} uses transformation {step['id']!r}, not emulated here")
         frames = TRANSFORMS[step["id"]](frames, step.get("options", {}))
     return frames
+
+
+def run_query(
+    prometheus: str, expr: str, *, instant: bool, end: float, window: float = 60
+) -> tuple[list[dict] | None, str]:
+    """(result, "") or (None, Prometheus' error)."""
+    params = {"query": expr, "time": f"{end}"} if instant else {
+        "query": expr, "start": f"{end - window}", "end": f"{end}", "step": "5"}  # fmt: skip
+    path = "query" if instant else "query_range"
+    status, body = http_get(f"{prometheus}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=30)
+    reply = json.loads(body)
+    if status != 200 or reply.get("status") != "success":
+        return None, f"{status} {reply.get('error', body)}"
+    return reply["data"]["result"], ""
+
+
+def panel_results(prometheus: str, panel: dict, variables: dict[str, str]) -> tuple[dict[str, list[dict]], list[str]]:
+    results, errors = {}, []
+    end = time.time()  # one time range for all of a panel's queries, as Grafana sends it
+    for target in panel["targets"]:
+        expr = interpolate(target["expr"], variables)
+        result, error = run_query(prometheus, expr, instant=target.get("instant", False), end=end)
+        if error:
+            errors.append(f"{panel['title']} [{target['refId']}]: {error}\n    {expr}")
+        else:
+            results[target["refId"]] = result
+    return results, errors

@@ -84,6 +84,8 @@ class Exporter:
         # such a process maps memory (vLLM allocating its KV cache): its own thread, so
         # that parsing never queues behind it.
         sources.append(HostSource(self.config.engines, self._worker("host")))
+        if not self.config.exporter.nvml:
+            return sources  # no NVML source, so no batchlens_source_up{source="nvml"} 0 to alert on
         # NVML calls go to the driver, which can take its time with a busy or failing GPU.
         self._nvml = NvmlSource(
             self.config.engines,

@@ -1,0 +1,233 @@
+"""`batchlens demo` (and `make demo`): the whole stack natively, without Docker, in one run folder.
+
+It starts the simulator, a load generator, the exporter, the remediation hook,
+Prometheus and Alertmanager, and Grafana when a ``grafana-server`` (or
+``grafana``) binary is on the PATH. They run the same provisioning files as
+docker compose: Prometheus' config, the rules and the Alertmanager routing are
+copied into the run folder with this stack's addresses (see stack.py). Each
+service logs to ``RUN/logs/<service>.log``. A missing Prometheus, Alertmanager
+or Grafana is reported with the command that installs it, and the rest starts.
+Ctrl-C (or SIGTERM) stops everything, newest first, and waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from batchlens.stack import PROVISIONING, ROOT, alertmanager_config, native, prometheus_targets
+
+log = logging.getLogger("batchlens.demo")
+BATCHLENS = [sys.executable, "-m", "batchlens"]
+
+INSTALL = {
+    "prometheus": "sudo apt-get install -y prometheus   (or https://prometheus.io/download/)",
+    "alertmanager": "sudo apt-get install -y prometheus-alertmanager   (or https://prometheus.io/download/)",
+    "grafana": "see https://grafana.com/grafana/download (Grafana 11.5 or later)",
+}
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    health: str  # URL that answers 200 once the service is up
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+
+def find(*names: str) -> str | None:
+    return next((path for name in names if (path := shutil.which(name))), None)
+
+
+def secret(path: Path) -> str:
+    """A token kept in the run folder (0600), made on first use so that restarts keep it."""
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+class Demo:
+    def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 4.0,
+                 max_num_seqs: int = 64):  # fmt: skip
+        self.run = run_dir.resolve()
+        self.offset, self.speed, self.rate, self.max_num_seqs = offset, speed, rate, max_num_seqs
+        self.address = native(offset)
+        self.services: list[Service] = []
+        self.missing: dict[str, str] = {}
+
+    def url(self, service: str) -> str:
+        return f"http://{self.address(service)}"
+
+    def prepare(self) -> list[Service]:
+        """Write the run folder's config files and list the services to start, in order."""
+        (self.run / "logs").mkdir(parents=True, exist_ok=True)
+        admin, webhook = secret(self.run / "admin-token"), self.run / "webhook-token"
+        secret(webhook)
+        tokens = {"BATCHLENS_ADMIN_TOKEN": admin, "BATCHLENS_WEBHOOK_TOKEN": webhook.read_text().strip()}
+        config = self.run / "batchlens.yaml"
+        config.write_text(yaml.safe_dump({
+            "engines": [{"name": "demo", "url": self.url("simulate"), "simulated_gpu": True}],
+            "exporter": {"listen": self.address("exporter"), "nvml": False},  # the simulator is the GPU here
+            "remediate": {"listen": self.address("remediate"), "state_path": str(self.run / "remediate.sqlite"),
+                          "alertmanager_url": self.url("alertmanager")},
+        }, sort_keys=False))  # fmt: skip
+        services = [
+            Service("simulate", [*BATCHLENS, "simulate", "--listen", self.address("simulate"), "--speed",
+                                 str(self.speed), "--max-num-seqs", str(self.max_num_seqs)],
+                    self.url("simulate") + "/health", {"BATCHLENS_ADMIN_TOKEN": admin}),
+            Service("exporter", [*BATCHLENS, "exporter", "--config", str(config)], self.url("exporter") + "/healthz",
+                    tokens),
+            Service("remediate", [*BATCHLENS, "remediate", "--config", str(config)],
+                    self.url("remediate") + "/healthz", tokens),
+        ]  # fmt: skip
+        alertmanager = find("prometheus-alertmanager", "alertmanager")
+        if alertmanager:
+            am_config = self.run / "alertmanager.yml"
+            template = (PROVISIONING / "alertmanager" / "alertmanager.yml").read_text()
+            am_config.write_text(alertmanager_config(template, self.address, str(webhook)))
+            services.append(Service("alertmanager", [
+                alertmanager, f"--config.file={am_config}", f"--storage.path={self.run / 'alertmanager'}",
+                f"--web.listen-address={self.address('alertmanager')}", "--cluster.listen-address=",
+            ], self.url("alertmanager") + "/-/ready"))  # fmt: skip
+        else:
+            self.missing["alertmanager"] = INSTALL["alertmanager"]
+        prometheus = find("prometheus")
+        if prometheus:
+            services.append(Service("prometheus", [
+                prometheus, f"--config.file={self._prometheus_config()}",
+                f"--storage.tsdb.path={self.run / 'prometheus' / 'data'}",
+                f"--web.listen-address={self.address('prometheus')}",
+            ], self.url("prometheus") + "/-/ready"))  # fmt: skip
+        else:
+            self.missing["prometheus"] = INSTALL["prometheus"]
+        grafana = find("grafana-server", "grafana")
+        if grafana:
+            services.append(self._grafana(grafana))
+        else:
+            self.missing["grafana"] = INSTALL["grafana"]
+        services.append(Service("load", [
+            *BATCHLENS, "load", "--url", self.url("simulate"), "--rate", str(self.rate), "--duration", "86400",
+            "--arrival", "bursty", "--output-tokens", "64,128,256",
+        ], ""))  # fmt: skip
+        return services
+
+    def _prometheus_config(self) -> Path:
+        """provisioning/prometheus/prometheus.yml with absolute rule paths and this stack's targets."""
+        folder = self.run / "prometheus"
+        (folder / "targets").mkdir(parents=True, exist_ok=True)
+        for name, text in prometheus_targets(self.address).items():
+            (folder / "targets" / name).write_text(text)
+        config = yaml.safe_load((PROVISIONING / "prometheus" / "prometheus.yml").read_text())
+        here = PROVISIONING / "prometheus"
+        config["rule_files"] = [str((here / rule).resolve()) for rule in config["rule_files"]]
+        for job in [*config["scrape_configs"], *config["alerting"]["alertmanagers"]]:
+            for sd in job.get("file_sd_configs", []):
+                sd["files"] = [str(folder / f) for f in sd["files"]]
+        path = folder / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _grafana(self, binary: str) -> Service:
+        home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
+        argv = [binary, *(["server"] if binary.endswith("/grafana") else []), *(["--homepath", home] if home else [])]
+        env = {
+            "GF_PATHS_PROVISIONING": str(PROVISIONING / "grafana"), "GF_PATHS_DATA": str(self.run / "grafana"),
+            "GF_SERVER_HTTP_ADDR": "127.0.0.1", "GF_SERVER_HTTP_PORT": str(3000 + self.offset),
+            "BATCHLENS_PROMETHEUS_URL": self.url("prometheus"), "BATCHLENS_ALERTMANAGER_URL": self.url("alertmanager"),
+            "BATCHLENS_DASHBOARDS_DIR": str(ROOT / "dashboards"),
+        }  # fmt: skip
+        return Service("grafana", argv, self.url("grafana") + "/api/health", env)
+
+    def start(self, timeout: float = 60) -> None:
+        for service in self.prepare():
+            out = open(self.run / "logs" / f"{service.name}.log", "ab")  # noqa: SIM115 - the child owns it
+            service.process = subprocess.Popen(
+                service.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **service.env}, cwd=self.run, process_group=0,
+            )  # fmt: skip
+            out.close()
+            self.services.append(service)
+            if service.health:
+                self._wait(service, timeout)
+            log.info("%s started (pid %d)", service.name, service.process.pid)
+
+    def _wait(self, service: Service, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if service.process.poll() is not None:
+                raise RuntimeError(f"{service.name} exited with {service.process.returncode}: see "
+                                   f"{self.run / 'logs' / (service.name + '.log')}")  # fmt: skip
+            try:
+                with urllib.request.urlopen(service.health, timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{service.name} did not answer {service.health} within {timeout:.0f} s")
+
+    def summary(self) -> str:
+        lines = ["batchlens demo is running. Ctrl-C stops it.", f"  run folder   {self.run}"]
+        urls = {
+            "simulate": "/v1/models", "exporter": "/metrics", "remediate": "/healthz",
+            "prometheus": "/alerts", "alertmanager": "/#/alerts", "grafana": "/dashboards",
+        }  # fmt: skip
+        for service in self.services:
+            if service.name in urls:
+                lines.append(f"  {service.name:<12} {self.url(service.name)}{urls[service.name]}")
+        for name, how in self.missing.items():
+            lines.append(f"  {name:<12} not found, not started: {how}")
+        return "\n".join(lines)
+
+    def status(self) -> dict:
+        return {s.name: {"pid": s.process.pid, "alive": s.process.poll() is None} for s in self.services}
+
+    def stop(self, timeout: float = 15) -> None:
+        for service in reversed(self.services):
+            if service.process.poll() is None:
+                os.killpg(service.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for service in reversed(self.services):
+            try:
+                service.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s: killing it", service.name, timeout)
+                os.killpg(service.process.pid, signal.SIGKILL)
+                service.process.wait(10)
+        (self.run / "status.json").write_text(json.dumps(self.status()))
+
+
+def run(demo: Demo) -> None:
+    """Start, print the URLs, wait for Ctrl-C or SIGTERM, stop."""
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        demo.start()
+        print(demo.summary(), flush=True)
+        (demo.run / "status.json").write_text(json.dumps(demo.status()))
+        while not stopping:
+            dead = [s.name for s in demo.services if s.process.poll() is not None and s.name != "load"]
+            if dead:
+                log.error("%s exited: see %s; stopping the demo", ", ".join(dead), demo.run / "logs")
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("stopping ...", flush=True)
+        demo.stop()
+        print("stopped", flush=True)

@@ -1,0 +1,144 @@
+"""docker-compose.yml and the image, checked without Docker (none here): the compose-spec schema, every mount,
+every batchlens command parsed by the real CLI, and the conventions an operator relies on."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from batchlens.cli import main
+from batchlens.config import load_config
+from batchlens.stack import SERVICES
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+ENV_EXAMPLE = dict(
+    line.split("#")[0].strip().split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
+    if "=" in line.split("#")[0]
+)  # fmt: skip
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error}, with the values of .env.example."""
+
+    def sub(match: re.Match) -> str:
+        name, op, arg = match.group(1), match.group(2) or "", match.group(3) or ""
+        if name in ENV_EXAMPLE and ENV_EXAMPLE[name].strip():
+            return ENV_EXAMPLE[name].strip()
+        assert op != ":?", f"${{{name}}} is required and .env.example does not set it"
+        return arg if op == ":-" else ""
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
+
+
+def test_the_compose_file_validates_against_the_compose_spec() -> None:
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    done = subprocess.run([str(checker), "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSE["services"]))
+def test_every_mounted_file_and_folder_exists(name: str) -> None:
+    service = COMPOSE["services"][name]
+    for volume in service.get("volumes", []):
+        source = volume.split(":")[0]
+        if source.startswith("."):
+            assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+        else:
+            assert source in COMPOSE["volumes"], f"{name} uses volume {source}, which is not declared"
+    build = service.get("build")
+    if isinstance(build, dict):
+        assert (ROOT / build.get("context", ".") / build["dockerfile"]).exists()
+
+
+def batchlens_services() -> list[str]:
+    return [name for name, s in COMPOSE["services"].items() if s.get("image") == "batchlens:local"]
+
+
+@pytest.mark.parametrize("name", batchlens_services())
+def test_every_batchlens_command_is_a_real_subcommand_with_valid_flags(name: str) -> None:
+    args = [interpolate(a) for a in COMPOSE["services"][name]["command"]]
+    command = main.commands.get(args[0])
+    assert command is not None, f"{name}: `batchlens {args[0]}` does not exist"
+    try:
+        ctx = command.make_context(args[0], args[1:])  # parses and validates every flag, runs nothing
+    except click.UsageError as exc:
+        pytest.fail(f"{name}: batchlens {' '.join(args)}: {exc}")
+    config = ctx.params.get("config_path")
+    if config:  # the config the container reads is one of ours, and it loads
+        local = ROOT / "provisioning" / "batchlens" / Path(config).name
+        assert config.startswith("/etc/batchlens/") and local.exists(), config
+        loaded = load_config(str(local), {}, {})
+        assert loaded.engines, f"{local.name} names no engine"
+
+
+@pytest.mark.parametrize("stack", ["demo", "gpu"])
+def test_each_stack_config_points_at_its_compose_services(stack: str) -> None:
+    config = load_config(str(ROOT / "provisioning" / "batchlens" / f"{stack}.yaml"), {}, {})
+    engine = {"demo": "batchlens-simulate", "gpu": "vllm"}[stack]
+    assert [e.url for e in config.engines] == [f"http://{engine}:8000"]
+    assert engine in COMPOSE["services"] and COMPOSE["services"][engine]["profiles"] == [stack]
+    assert config.remediate.alertmanager_url == "http://alertmanager:9093"
+    assert config.exporter.listen.endswith(f":{SERVICES['exporter'][1]}")
+
+
+def test_operators_conventions() -> None:
+    for name, service in COMPOSE["services"].items():
+        assert "healthcheck" in service, f"{name} has no healthcheck"
+        assert service.get("restart") == "unless-stopped", f"{name} does not restart"
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+        image = service.get("image", "")
+        assert ":latest" not in image and (":" in image or "build" in service), f"{name}: unpinned image {image}"
+        for dep, cond in service.get("depends_on", {}).items():
+            assert cond["condition"] in ("service_healthy", "service_completed_successfully"), (name, dep)
+    grafana = COMPOSE["services"]["grafana"]["image"]
+    assert tuple(int(x) for x in grafana.split(":")[1].split(".")[:2]) >= (11, 5)
+    assert {"prometheus-data", "grafana-data", "remediate-state"} <= set(COMPOSE["volumes"])
+    gpu = COMPOSE["services"]["vllm"]
+    assert gpu["environment"]["VLLM_PLUGINS"] == "batchlens" and "BATCHLENS_ADMIN_TOKEN" in gpu["environment"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+def test_no_secret_is_committed() -> None:
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
+    assert not (ROOT / ".env").exists() or ".env" in subprocess.run(
+        ["git", "check-ignore", ".env"], cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+    for name, service in COMPOSE["services"].items():
+        for key, value in service.get("environment", {}).items():
+            if "TOKEN" in key or "PASSWORD" in key:
+                assert str(value).startswith("${"), f"{name}: {key} is written in the file, not taken from .env"
+
+
+def test_the_image_runs_as_a_user_with_a_healthcheck() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^USER batchlens$", dockerfile, re.M) and "HEALTHCHECK" in dockerfile
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+
+
+def test_the_stacks_addresses_come_from_one_table() -> None:
+    from batchlens.stack import COMPOSE_TOKEN_FILE, alertmanager_config, compose, native
+
+    am = yaml.safe_load((ROOT / "provisioning" / "alertmanager" / "alertmanager.compose.yml").read_text())
+    [hook] = next(r for r in am["receivers"] if r["name"] == "remediation")["webhook_configs"]
+    assert (
+        hook["url"] == f"http://{compose('remediate')}/alertmanager" == "http://batchlens-remediate:9401/alertmanager"
+    )
+    assert hook["http_config"]["authorization"]["credentials_file"] == COMPOSE_TOKEN_FILE
+    assert COMPOSE["services"]["alertmanager"]["secrets"] == [Path(COMPOSE_TOKEN_FILE).name]
+    for service in ("exporter", "remediate", "alertmanager"):
+        compose_target = yaml.safe_load((ROOT / f"provisioning/prometheus/targets-compose/{service}.yml").read_text())
+        native_target = yaml.safe_load((ROOT / f"provisioning/prometheus/targets/{service}.yml").read_text())
+        name, port = SERVICES[service]
+        assert compose_target == [{"targets": [f"{name}:{port}"]}] and name in COMPOSE["services"]
+        assert native_target == [{"targets": [f"127.0.0.1:{port}"]}]
+    assert native(7)("exporter") == "127.0.0.1:9407"
+    with pytest.raises(ValueError, match="no longer holds"):
+        alertmanager_config("receivers: []", native(), "/x")

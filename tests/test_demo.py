@@ -1,0 +1,105 @@
+"""`batchlens demo` (what `make demo` runs): the whole native stack comes up, works, and goes away cleanly.
+
+Real components throughout: the simulator (the GPU stand-in), the load generator, the exporter, the hook,
+Prometheus 2.42 and Alertmanager 0.25. Grafana is not installed here, so the demo reports it missing and
+starts the rest, as it must; the dashboards' queries are run against the demo's Prometheus instead.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import socket
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from batchlens.stack import SERVICES
+from harness.exporter import BATCHLENS, parse_samples, pick
+from harness.grafana import panel_results, walk_panels
+from harness.procs import Process, http_get
+from harness.prometheus import require_binary
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+UP_WITHIN = 60  # seconds from start until every target is up
+DATA_WITHIN = 120  # until the overview's core panels have data and a breach has reached the hook
+
+
+def free_offset() -> int:
+    """A port offset at which every demo port is free."""
+    for _ in range(50):
+        offset = random.randrange(20000, 40000)
+        try:
+            for _, port in SERVICES.values():
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + offset))
+            return offset
+        except OSError:
+            continue
+    pytest.fail("no free set of ports for the demo")
+
+
+def get_json(url: str) -> dict:
+    status, body = http_get(url, timeout=10)
+    assert status == 200, (url, body[:300])
+    return json.loads(body)
+
+
+def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path) -> None:
+    require_binary("prometheus", "prometheus")
+    require_binary("prometheus-alertmanager", "prometheus-alertmanager")
+    offset, run = free_offset(), tmp_path / "run"
+    url = {name: f"http://127.0.0.1:{port + offset}" for name, (_, port) in SERVICES.items()}
+    demo = Process("demo", [BATCHLENS, "demo", "--run-dir", str(run), "--port-offset", str(offset), "--speed", "10",
+                            "--rate", "20", "--max-num-seqs", "32"], tmp_path / "demo.log")  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        while "batchlens demo is running" not in demo.log_tail():
+            assert demo.alive() and time.monotonic() - t0 < UP_WITHIN, demo.log_tail()
+            time.sleep(0.5)
+        assert "grafana      not found, not started: see https://grafana.com" in demo.log_tail()
+
+        # Every target up, the rules loaded, Alertmanager discovered.
+        while True:
+            targets = get_json(url["prometheus"] + "/api/v1/targets")["data"]["activeTargets"]
+            health = {t["labels"]["job"]: t["health"] for t in targets}
+            if health == {"batchlens": "up", "batchlens-remediate": "up"}:
+                break
+            assert time.monotonic() - t0 < UP_WITHIN, health
+            time.sleep(1)
+        print(f"every target up after {time.monotonic() - t0:.1f} s")
+        groups = {g["name"] for g in get_json(url["prometheus"] + "/api/v1/rules")["data"]["groups"]}
+        assert groups == {"batchlens.recording", "batchlens.alerts"}
+        managers = get_json(url["prometheus"] + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+        assert [m["url"] for m in managers] == [url["alertmanager"] + "/api/v2/alerts"]
+        exported = parse_samples(http_get(url["exporter"] + "/metrics")[1].decode())
+        assert not pick(exported, "batchlens_source_up", source="nvml")  # the demo turns NVML off
+
+        # The overview's panels have data, and the load's breach reaches the hook through Alertmanager.
+        overview = json.loads((ROOT / "dashboards" / "batchlens-overview.json").read_text())
+        variables = {"vllm_instance": "demo", "model_name": ".*", "gpu": ".*", "__rate_interval": "15s",
+                     "__range": "60s", "__interval": "5s"}  # fmt: skip
+        while True:
+            empty = [p["title"] for p in walk_panels(overview)
+                     if not any(panel_results(url["prometheus"], p, variables)[0].values())]  # fmt: skip
+            hook = parse_samples(http_get(url["remediate"] + "/metrics")[1].decode())
+            delivered = pick(hook, "batchlens_webhook_requests_total", code="200")
+            if not empty and delivered:
+                break
+            assert time.monotonic() - t0 < DATA_WITHIN, f"empty panels: {empty}; hook deliveries: {delivered}"
+            time.sleep(3)
+        print(f"overview has data and the hook got the breaker after {time.monotonic() - t0:.1f} s")
+        assert pick(hook, "batchlens_remediation_deliveries_total")  # decided, whatever the decision
+    finally:
+        if demo.alive():
+            demo.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+            demo.proc.wait(30)
+        demo.stop()
+    assert demo.proc.returncode == 0, demo.log_tail()
+    assert "stopped" in demo.log_tail()
+    pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
+    assert len(pids) == 6 and not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
