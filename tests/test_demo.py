@@ -103,3 +103,27 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
     assert "stopped" in demo.log_tail()
     pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
     assert len(pids) == 6 and not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
+
+
+def test_without_prometheus_and_alertmanager_the_demo_says_how_to_install_them_and_starts_the_rest(tmp_path) -> None:
+    offset, run = free_offset(), tmp_path / "run"
+    env = {"PATH": str(Path(BATCHLENS).parent)}  # our own tools only: no prometheus, no alertmanager, no grafana
+    demo = Process("demo", [BATCHLENS, "demo", "--run-dir", str(run), "--port-offset", str(offset), "--speed", "10"],
+                   tmp_path / "demo.log", env=env)  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        while "batchlens demo is running" not in demo.log_tail():
+            assert demo.alive() and time.monotonic() - t0 < UP_WITHIN, demo.log_tail()
+            time.sleep(0.5)
+        log = demo.log_tail()
+        assert "prometheus   not found, not started: sudo apt-get install -y prometheus" in log
+        assert "alertmanager not found, not started: sudo apt-get install -y prometheus-alertmanager" in log
+        started = json.loads((run / "status.json").read_text())
+        assert sorted(started) == ["exporter", "load", "remediate", "simulate"]
+        assert all(s["alive"] for s in started.values()), started
+    finally:
+        demo.proc.send_signal(signal.SIGINT)
+        demo.proc.wait(30)
+        demo.stop()
+    pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
+    assert not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
