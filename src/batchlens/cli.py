@@ -32,6 +32,12 @@ def _load(config_path: str | None, overrides: dict[str, Any]) -> Config:
         raise click.ClickException(str(exc)) from None
 
 
+def _flags(section: str, **values: Any) -> dict[str, Any]:
+    """Config overrides from a command's flags: the ones given, under their config section."""
+    given = {key: value for key, value in values.items() if value is not None}
+    return {section: given} if given else {}
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="batchlens")
 @click.option(
@@ -87,12 +93,7 @@ def exporter(
     """
     from batchlens.exporter.server import serve
 
-    section = {
-        k: v
-        for k, v in {"listen": listen, "interval_seconds": interval, "timeout_seconds": timeout}.items()
-        if v is not None
-    }
-    overrides: dict[str, Any] = {"exporter": section} if section else {}
+    overrides = _flags("exporter", listen=listen, interval_seconds=interval, timeout_seconds=timeout)
     if engines:
         overrides["engines"] = [parse_engine_flag(e) for e in engines]
     config = _load(config_path, overrides)
@@ -135,12 +136,7 @@ def remediate(
     """
     from batchlens.remediation.server import serve
 
-    section = {
-        k: v
-        for k, v in {"listen": listen, "alertmanager_url": alertmanager_url, "state_path": state_path}.items()
-        if v is not None
-    }
-    overrides: dict[str, Any] = {"remediate": section} if section else {}
+    overrides = _flags("remediate", listen=listen, alertmanager_url=alertmanager_url, state_path=state_path)
     if dry_run:
         overrides["breaker"] = {"dry_run": True}
     config = _load(config_path, overrides)
