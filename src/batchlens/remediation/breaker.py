@@ -76,24 +76,25 @@ class Decision:
     set_limit: int | None = None  # the absolute limit to PUT: replaying it never halves twice
     page: str | None = None  # "cold_start" or "capacity": page on-call for this, once per episode
     resolved_pages: tuple[str, ...] = ()  # the episode ended: resolve these pages
+    skipped: str = ""  # why no action, as a metric label: cooldown | stale | cold_start_hold | recorded
 
     @property
     def acted(self) -> bool:
         return self.set_limit is not None
 
 
-def _none(state: EngineState, reason: str) -> Decision:
-    return Decision(state, "none", reason)
+def _none(state: EngineState, reason: str, skipped: str = "recorded") -> Decision:
+    return Decision(state, "none", reason, skipped=skipped)
 
 
 def on_firing(state: EngineState, *, starts_at: float, now: float, obs: Observation, settings: Settings) -> Decision:
     if state.resolved_through is not None and starts_at <= state.resolved_through:
-        return _none(state, "out-of-order delivery: this episode has already resolved")
+        return _none(state, "out-of-order delivery: this episode has already resolved", "stale")
     if state.last_action_at is not None and now - state.last_action_at < settings.cooldown_seconds:
         left = settings.cooldown_seconds - (now - state.last_action_at)
-        return _none(state, f"inside the cooldown ({left:.0f} s left): recorded, not acted on")
+        return _none(state, f"inside the cooldown ({left:.0f} s left): recorded, not acted on", "cooldown")
     if state.mode == "cold_start":
-        return _none(state, "already in cold-start mode: waiting for the alert to resolve")
+        return _none(state, "already in cold-start mode: waiting for the alert to resolve", "cold_start_hold")
     original = state.original_limit if state.mode in ("tripped", "recovering") else obs.limit
     state = replace(state, capacity=obs.capacity, episode_starts_at=starts_at)
     if obs.waiting >= settings.overload_queue_ratio * max(obs.limit, 1):

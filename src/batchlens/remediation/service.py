@@ -185,7 +185,7 @@ class Remediator:
 
     def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:
         """Save the decision's state (and the delivery's done mark), log it, queue its page."""
-        outcome = decision.action if decision.action != "none" else _outcome(decision.reason)
+        outcome = decision.action if decision.action != "none" else decision.skipped
         self._save(name, decision.state, delivery, outcome)
         if delivery is not None:
             self.deliveries[outcome] += 1
@@ -294,11 +294,3 @@ class Remediator:
             result = exc.__class__.__name__
         self.actions[(name, "reset_prefix_cache", result)] += 1
         log.warning("%s: POST /reset_prefix_cache: %s", name, result)
-
-
-def _outcome(reason: str) -> str:
-    """A short label for a no-action decision, for the metrics."""
-    for key, label in (("cooldown", "cooldown"), ("out-of-order", "stale"), ("cold-start", "cold_start_hold")):
-        if key in reason:
-            return label
-    return "recorded"
