@@ -94,6 +94,15 @@ class FakeGpu:
     errors: dict[str, int] = field(default_factory=dict)  # C symbol -> the NVML_ERROR_* code it answers
     failure: int | None = None  # an NVML_ERROR_* code every call on this GPU answers (GPU_IS_LOST, say)
     gpm_counters: Counter = field(default_factory=Counter)
+    # What `batchlens doctor` reads: the PCIe link, NVLink states, the NUMA node and the PCI address.
+    pcie_gen: int = 4
+    pcie_gen_max: int = 4  # this GPU in this slot
+    pcie_gen_gpu_max: int = 4  # the GPU alone
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    nvlinks: list[bool] | None = None  # each link's state; None: no NVLink (NOT_SUPPORTED)
+    numa_node: int | None = 0  # None: the driver cannot say (nvmlDeviceGetNumaNodeId is NOT_SUPPORTED)
+    bus_id: str = "00000000:3B:00.0"
 
 
 @dataclass(frozen=True)
@@ -121,12 +130,16 @@ class FakeNvml:
         missing: frozenset[str] = frozenset(),
         errors: dict[str, int] | None = None,
         driver_version: str = "570.86.15",
+        cuda_version: int = 12080,
+        topology: dict[tuple[int, int], int] | None = None,
     ):
         self.gpus = gpus
         self.library = library
         self.missing = set(missing)
         self.errors = dict(errors or {})  # C symbol -> the NVML_ERROR_* code it answers, on any device
         self.driver_version = driver_version
+        self.cuda_version = cuda_version
+        self.topology = dict(topology or {})  # (i, j) with i < j -> NVML_TOPOLOGY_*; NODE when absent
         self.initialized = False
         self.clock = 1000.0
         self.calls: Counter[str] = Counter()  # C symbol -> calls that reached the "driver"
@@ -199,6 +212,49 @@ class FakeNvml:
     def nvmlSystemGetDriverVersion(self):
         self._enter("nvmlSystemGetDriverVersion")
         return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_version
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
+        return self._enter("nvmlDeviceGetCurrPcieLinkGeneration", handle).gpu.pcie_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle):
+        return self._enter("nvmlDeviceGetMaxPcieLinkGeneration", handle).gpu.pcie_gen_max
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle):
+        return self._enter("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle).gpu.pcie_gen_gpu_max
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle):
+        return self._enter("nvmlDeviceGetCurrPcieLinkWidth", handle).gpu.pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle):
+        return self._enter("nvmlDeviceGetMaxPcieLinkWidth", handle).gpu.pcie_width_max
+
+    def nvmlDeviceGetNvLinkState(self, device, link):
+        gpu = self._enter("nvmlDeviceGetNvLinkState", device).gpu
+        if gpu.nvlinks is None:
+            raise error(real.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(gpu.nvlinks):
+            raise error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return real.NVML_FEATURE_ENABLED if gpu.nvlinks[link] else real.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNumaNodeId(self, handle):
+        gpu = self._enter("nvmlDeviceGetNumaNodeId", handle).gpu
+        if gpu.numa_node is None:
+            raise error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.numa_node
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        gpu = self._enter("nvmlDeviceGetPciInfo_v3", handle).gpu
+        return real.nvmlPciInfo_t(busId=gpu.bus_id.encode())
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1, device2):
+        first = self._enter("nvmlDeviceGetTopologyCommonAncestor", device1).gpu
+        second = self._enter("nvmlDeviceGetTopologyCommonAncestor", device2).gpu
+        i, j = sorted((self.gpus.index(first), self.gpus.index(second)))
+        return self.topology.get((i, j), real.NVML_TOPOLOGY_NODE)
 
     def nvmlSystemGetNVMLVersion(self):
         self._enter("nvmlSystemGetNVMLVersion")
@@ -421,7 +477,7 @@ FAKED = tuple(name for name in vars(FakeNvml) if name.startswith("nvml"))
 
 
 # NVLink, ECC on, MIG-capable (disabled): what A100s and H100s share.
-DATACENTER = dict(nvlink_tx_kib=0, nvlink_rx_kib=0, ecc_enabled=True, mig=[])
+DATACENTER = dict(nvlink_tx_kib=0, nvlink_rx_kib=0, nvlinks=[True] * 12, ecc_enabled=True, mig=[])
 
 
 def _board(short: str, index: int, overrides: dict, **spec) -> FakeGpu:
