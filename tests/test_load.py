@@ -35,6 +35,11 @@ def test_bursty_arrivals_come_in_bursts_with_the_same_mean() -> None:
     assert abs(len(planned) - 1200) < 4 * 1200**0.5
 
 
+def test_steady_arrivals_are_evenly_spaced() -> None:
+    planned = plan(LoadSpec(rate=4, duration=10, arrival="steady"))
+    assert [p.at for p in planned] == pytest.approx([0.25 * k for k in range(1, 40)])
+
+
 def test_the_plan_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
         plan(LoadSpec(rate=0, duration=1))

@@ -14,6 +14,7 @@ import yaml
 from batchlens import __version__
 from batchlens.admin_api import TOKEN_ENV
 from batchlens.config import Config, ConfigError, load_config, masked_dump, parse_engine_flag, parse_listen
+from batchlens.load.plan import ARRIVALS
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
 config_option = click.option(
@@ -23,6 +24,18 @@ config_option = click.option(
     envvar="BATCHLENS_CONFIG",
     help="YAML config file (env BATCHLENS_CONFIG). Env BATCHLENS_<SECTION>__<KEY> and flags override it.",
 )
+
+prometheus_option = click.option(
+    "--prometheus",
+    "prometheus_url",
+    required=True,
+    metavar="URL",
+    help="Base URL of the Prometheus that scrapes the exporter and runs batchlens' recording rules.",
+)
+range_option = click.option(
+    "--range", "range_", default="24h", show_default=True, metavar="DURATION",
+    help="How far back to look, as a Prometheus duration (30m, 6h, 7d).",
+)  # fmt: skip
 
 
 def _load(config_path: str | None, overrides: dict[str, Any]) -> Config:
@@ -226,8 +239,9 @@ def _token_counts(value: str) -> tuple[int, ...]:
               help="Mean requests per second.")  # fmt: skip
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Seconds during which requests are sent; the run then waits for the last replies.")  # fmt: skip
-@click.option("--arrival", type=click.Choice(["poisson", "bursty"]), default="poisson", show_default=True,
-              help="poisson: steady random arrivals. bursty: 2 s at 3x the rate, then quiet, same mean.")  # fmt: skip
+@click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True,
+              help="poisson: random arrivals at a steady mean. bursty: 2 s at 3x the rate, then quiet, same mean. "
+              "steady: evenly spaced (a scheduled feed).")  # fmt: skip
 @click.option("--prompt-tokens", default="256,512,1024,2048", show_default=True,
               help="Prompt lengths to draw from, evenly (the article's buckets by default).")  # fmt: skip
 @click.option("--output-tokens", default="128", show_default=True, help="Output lengths to draw from (ignore_eos).")
@@ -314,15 +328,8 @@ def build(config_path: str | None, root: str, check: bool) -> None:
 
 @main.command()
 @config_option
-@click.option(
-    "--prometheus",
-    "prometheus_url",
-    required=True,
-    metavar="URL",
-    help="Base URL of the Prometheus that scrapes the exporter and runs batchlens' recording rules.",
-)
-@click.option("--range", "range_", default="24h", show_default=True, metavar="DURATION",
-              help="How far back to look, as a Prometheus duration (30m, 6h, 7d).")  # fmt: skip
+@prometheus_option
+@range_option
 @click.option("--out", type=click.Path(file_okay=False), default="batchlens-report", show_default=True,
               help="Folder for report.png and report.html.")  # fmt: skip
 def report(config_path: str | None, prometheus_url: str, range_: str, out: str) -> None:
@@ -340,15 +347,11 @@ def report(config_path: str | None, prometheus_url: str, range_: str, out: str) 
 
     import aiohttp
 
-    from batchlens.config import duration_seconds
     from batchlens.report.data import fetch
     from batchlens.report.render import write
 
     config = _load(config_path, {})
-    try:
-        seconds = duration_seconds(range_)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--range") from None
+    seconds = _duration(range_, "--range")
     end = time.time()
     try:
         data = asyncio.run(fetch(prometheus_url, config.thresholds, end - seconds, end, max(seconds / 300, 1.0)))
@@ -393,6 +396,95 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
         run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs))
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@config_option
+@prometheus_option
+@range_option
+@click.option(
+    "--resolution",
+    default="5m",
+    show_default=True,
+    metavar="DURATION",
+    help="The window of the QPS whose peak and trough are compared (the article's 5 minutes).",
+)
+@click.option(
+    "--p99-requirement",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Your latency requirement [default: thresholds.p99_seconds, on thresholds.p99_latency].",
+)
+@click.option(
+    "--min-gain",
+    type=click.FloatRange(min=1),
+    default=1.15,
+    show_default=True,
+    help="The throughput gain per doubling of the batch below which a larger limit is not worth it.",
+)
+@click.option("--engine", "engines", multiple=True, metavar="NAME", help="Only this vllm_instance (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
+def advise(
+    config_path: str | None, prometheus_url: str, range_: str, resolution: str, p99_requirement: float | None,
+    min_gain: float, engines: tuple[str, ...], as_json: bool,
+) -> None:  # fmt: skip
+    """Decide continuous against static batching from real traffic, and recommend settings.
+
+    The article's decision table, per engine: inter-arrival CV (> 0.7), peak to
+    trough QPS (> 5), mean tokens per request (> 2048), streaming share (> 30%)
+    and the latency requirement (< 300 ms); any one calls for continuous
+    batching. Then: the batch limit (the knee of the operating points seen,
+    within the requirement) and max_num_seqs, max_num_batched_tokens, the block
+    size, whether long prompts need their own instance, and the cold-path
+    threshold (the P90 inter-arrival time), each with its evidence.
+
+    Inter-arrival times and the streaming share come from the batchlens vLLM
+    plugin (VLLM_PLUGINS=batchlens); without it they are unknown.
+
+    \b
+    Example:
+      batchlens advise --prometheus http://127.0.0.1:9090 --range 7d --p99-requirement 0.3
+    """
+    import asyncio
+    import time
+
+    import aiohttp
+
+    from batchlens.advise.decide import decide
+    from batchlens.advise.evidence import fetch
+    from batchlens.advise.text import format_advice
+
+    config = _load(config_path, {})
+    seconds, step = _duration(range_, "--range"), _duration(resolution, "--resolution")
+    if step * 2 > seconds:
+        raise click.BadParameter("must be at most half of --range", param_hint="--resolution")
+    try:
+        found = asyncio.run(fetch(prometheus_url, config.thresholds, seconds=seconds, resolution=step, end=time.time()))
+    except (TimeoutError, OSError, RuntimeError, ValueError, aiohttp.ClientError) as exc:
+        raise click.ClickException(f"cannot read {prometheus_url}: {exc}") from None
+    found = [e for e in found if not engines or e.vllm_instance in engines]
+    if not found:
+        raise click.ClickException(
+            f"no vLLM traffic in {prometheus_url} over the last {range_}"
+            + (f" for {', '.join(engines)}" if engines else "")
+            + ": does it scrape the batchlens exporter?"
+        )
+    requirement = p99_requirement or config.thresholds.p99_seconds
+    advice = [decide(e, requirement=requirement, latency=config.thresholds.p99_latency, min_gain=min_gain)
+              for e in found]  # fmt: skip
+    if as_json:
+        click.echo(json.dumps([a.to_dict() for a in advice], indent=2))
+    else:
+        click.echo("\n\n".join(format_advice(a) for a in advice))
+
+
+def _duration(value: str, flag: str) -> float:
+    from batchlens.config import duration_seconds
+
+    try:
+        return duration_seconds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
 
 
 @main.command("lint-config")

@@ -7,6 +7,8 @@ than as a politely lower load.
 - ``poisson``: exponential gaps at ``rate`` requests per second.
 - ``bursty``: a Poisson process that alternates ``burst_seconds`` at
   ``burst_factor`` x the rate with a quiet spell, so that the mean is still ``rate``.
+- ``steady``: evenly spaced, 1/rate apart: a scheduled feed, whose
+  inter-arrival times do not vary at all.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 ARTICLE_PROMPT_TOKENS = (256, 512, 1024, 2048)
+ARRIVALS = ("poisson", "bursty", "steady")
 
 
 @dataclass(frozen=True)
 class LoadSpec:
     rate: float  # mean requests per second
     duration: float  # seconds during which requests are sent
-    arrival: str = "poisson"  # poisson | bursty
+    arrival: str = "poisson"  # poisson | bursty | steady
     prompt_tokens: Sequence[int] = ARTICLE_PROMPT_TOKENS
     output_tokens: Sequence[int] = (128,)
     stream_share: float = 0.5
@@ -43,8 +46,8 @@ class Planned:
 def plan(spec: LoadSpec) -> list[Planned]:
     if spec.rate <= 0 or spec.duration <= 0:
         raise ValueError("rate and duration must be positive")
-    if spec.arrival not in ("poisson", "bursty"):
-        raise ValueError(f"arrival must be poisson or bursty, got {spec.arrival!r}")
+    if spec.arrival not in ARRIVALS:
+        raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {spec.arrival!r}")
     rng = random.Random(spec.seed)
     period = spec.burst_seconds * spec.burst_factor  # a burst, then quiet: the mean rate is spec.rate
     out: list[Planned] = []
@@ -52,6 +55,8 @@ def plan(spec: LoadSpec) -> list[Planned]:
     while True:
         if spec.arrival == "poisson":
             t += rng.expovariate(spec.rate)
+        elif spec.arrival == "steady":
+            t += 1 / spec.rate
         else:
             t += rng.expovariate(spec.rate * spec.burst_factor)
             if t % period >= spec.burst_seconds:  # landed in the quiet spell: skip to the next burst

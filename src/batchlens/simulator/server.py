@@ -31,6 +31,7 @@ from batchlens.admin_api import (
     combine,
     parse_update,
 )
+from batchlens.arrivals import ArrivalMetrics
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.gpu import SimulatedGpu
@@ -64,6 +65,7 @@ class Simulator:
         self.max_model_len = max_model_len
         self.speed = speed
         self.metrics = VllmMetrics(engine, model_name)
+        self.arrivals = ArrivalMetrics(self.metrics.registry)  # what the batchlens vLLM plugin adds
         self.gpu = SimulatedGpu(engine)
         self._token = admin_token
         self._pending: dict[str, Pending] = {}
@@ -138,7 +140,9 @@ class Simulator:
             return _error(api.ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes"))
         except api.ApiError as exc:
             return _error(exc)
+        self.arrivals.arrived(time.monotonic())
         pending = self.submit(req.prompt_tokens, req.max_tokens)
+        self.arrivals.answered(req.stream)
         request_id = api.new_id(chat)
         try:
             if req.stream:

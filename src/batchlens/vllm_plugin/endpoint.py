@@ -29,6 +29,8 @@ from batchlens.admin_api import (
     combine,
     parse_update,
 )
+from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
+from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import check_installed_vllm
 from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
 
@@ -138,6 +140,8 @@ class BatchlensEndpoint:
         app.add_api_route(BATCH_PATH, _route(_get_batch), methods=["GET"], include_in_schema=False)
         app.add_api_route(BATCH_PATH, _route(_put_batch), methods=["PUT"], include_in_schema=False)
         app.add_api_route(INFO_PATH, _route(_get_info), methods=["GET"], include_in_schema=False)
+        # Arrivals feed `batchlens advise` (inter-arrival times, streaming share): see batchlens.arrivals.
+        app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics())
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         if self.refusal is not None:

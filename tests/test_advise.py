@@ -1,0 +1,243 @@
+"""`batchlens advise`: the decision table from evidence (pure), the arrival series, and the real thing.
+
+The e2e test feeds two stacks (the simulator standing in for vLLM on a GPU -> the exporter -> a real
+Prometheus with the committed rules) with `batchlens load`: one bursty, streamed and long, one steady,
+unstreamed and short. advise must call the first continuous and the second static, with its evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from batchlens.advise.decide import decide, peak_to_trough
+from batchlens.advise.evidence import Evidence
+from batchlens.advise.text import format_advice
+from batchlens.arrivals import ArrivalMetrics
+from batchlens.sweep.knee import Point
+from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
+from harness.exporter import BATCHLENS, ExporterProcess
+from harness.procs import Process
+from harness.prometheus import PrometheusServer, require_binary
+from harness.simulator import SimulatorProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BURSTY = Evidence(
+    "bursty", 3600, requests=5000, interarrival_mean=0.25, interarrival_cv=2.4, interarrival_p50=0.05,
+    interarrival_p90=0.2, interarrival_p99=3.9, qps_mean=4, qps_peak=12, qps_trough=0, mean_tokens=2600,
+    prompt_p90=4096, long_share=0.5, stream_share=0.6, p99_observed=0.2,
+)  # fmt: skip
+STEADY = Evidence(
+    "steady", 3600, requests=5000, interarrival_mean=0.25, interarrival_cv=0.05, interarrival_p50=0.24,
+    interarrival_p90=0.25, interarrival_p99=0.26, qps_mean=4, qps_peak=4.3, qps_trough=3.8, mean_tokens=300,
+    prompt_p90=256, long_share=0.0, stream_share=0.0, p99_observed=0.05,
+)  # fmt: skip
+
+
+def recommendation(advice, setting: str):
+    return next(r for r in advice.recommendations if r.setting == setting)
+
+
+# -- the decision table, pure ---------------------------------------------------------
+
+
+def test_bursty_traffic_calls_for_continuous_batching_with_its_evidence():
+    advice = decide(BURSTY, requirement=0.5, latency="ttft")
+    assert advice.continuous is True
+    assert {c.name: c.met for c in advice.criteria} == {
+        "inter-arrival CV": True, "peak/trough QPS": True, "mean tokens per request": True,
+        "streaming share": True, "P99 requirement (s)": False,
+    }  # fmt: skip
+    assert "4 of 5 criteria" in recommendation(advice, "serving mode").evidence
+    assert recommendation(advice, "max_num_batched_tokens").value == "2048"
+    assert recommendation(advice, "long-context instance").value.startswith("yes")
+    assert recommendation(advice, "cold-path threshold (s)").value == "0.2"
+
+
+def test_steady_traffic_suits_static_batching():
+    advice = decide(STEADY, requirement=0.5, latency="ttft")
+    assert advice.continuous is False and not any(c.met for c in advice.criteria)
+    assert recommendation(advice, "serving mode").value.startswith("static batching")
+    assert recommendation(advice, "max_num_batched_tokens").value == "8192"
+    assert recommendation(advice, "long-context instance").value == "no"
+
+
+def test_each_criterion_alone_tips_the_verdict():
+    for change in (dict(interarrival_cv=0.8), dict(qps_trough=0.5), dict(mean_tokens=3000), dict(stream_share=0.4)):
+        assert decide(Evidence(**{**vars(STEADY), **change}), requirement=0.5, latency="ttft").continuous is True
+    assert decide(STEADY, requirement=0.2, latency="ttft").continuous is True  # a 200 ms requirement
+
+
+def test_unknown_criteria_decide_nothing():
+    advice = decide(Evidence("quiet", 60), requirement=0.5, latency="ttft")
+    assert advice.continuous is None and all(c.met is None for c in advice.criteria[:4])
+    json.dumps(advice.to_dict(), allow_nan=False)  # NaN becomes null
+    no_plugin = Evidence(**{**vars(STEADY), "stream_share": math.nan})
+    assert decide(no_plugin, requirement=0.5, latency="ttft").criteria[3].met is None
+
+
+def test_peak_to_trough_with_idle_spells_is_unbounded():
+    assert peak_to_trough(BURSTY) == math.inf
+    assert (
+        json.loads(json.dumps(decide(BURSTY, requirement=0.5, latency="ttft").to_dict()))["criteria"][1]["value"]
+        == "inf"
+    )
+
+
+def test_batch_limit_is_the_knee_of_the_operating_points_seen():
+    points = [Point(4, 278, 0.1), Point(8, 434, 0.2), Point(16, 524, 0.3), Point(32, 448, 0.9)]
+    advice = decide(Evidence(**{**vars(BURSTY), "limits": points}), requirement=0.5, latency="ttft")
+    assert recommendation(advice, "batch limit").value == "16 (the knee)"
+    assert recommendation(advice, "max_num_seqs").value == "32"
+    tight = decide(Evidence(**{**vars(BURSTY), "limits": points}), requirement=0.25, latency="ttft")
+    assert recommendation(tight, "batch limit").value == "8 (the knee)"
+    one = decide(Evidence(**{**vars(BURSTY), "limits": [Point(32, 448, 0.9)]}), requirement=0.5, latency="ttft")
+    assert recommendation(one, "batch limit").value == "16 (halve)"
+    assert "batchlens sweep" in recommendation(one, "batch limit").evidence
+
+
+def test_text_shows_the_table_and_the_reasons():
+    text = format_advice(decide(BURSTY, requirement=0.5, latency="ttft"))
+    assert "bursty: 5000 requests over 3600s -> continuous batching" in text
+    assert "inf (idle spells)" in text and "60%" in text and text.count("because") >= 5
+
+
+# -- the arrival series ----------------------------------------------------------------------
+
+
+def test_arrival_sums_give_the_exact_coefficient_of_variation():
+    registry = CollectorRegistry()
+    arrivals = ArrivalMetrics(registry)
+    times = [0.0, 0.1, 0.15, 1.0, 1.05, 4.0, 4.2]
+    for t in times:
+        arrivals.arrived(t)
+    value = registry.get_sample_value
+    n = value("batchlens_request_interarrival_seconds_count")
+    mean = value("batchlens_request_interarrival_seconds_sum") / n
+    variance = value("batchlens_request_interarrival_seconds_squared_total") / n - mean**2
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert n == len(gaps)
+    assert math.sqrt(variance) / mean == pytest.approx(statistics.pstdev(gaps) / statistics.fmean(gaps))
+
+
+def test_the_arrival_series_pass_promtool_lint():
+    registry = CollectorRegistry()
+    arrivals = ArrivalMetrics(registry)
+    arrivals.arrived(0.0)
+    arrivals.arrived(0.5)
+    arrivals.answered(True)
+    promtool = require_binary("promtool", "prometheus")
+    done = subprocess.run([promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_plugin_middleware_counts_generation_requests_and_streams():
+    registry = CollectorRegistry()
+    sent = []
+
+    async def app(scope, receive, send):
+        content_type = b"text/event-stream" if scope["path"] == "/v1/chat/completions" else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type)]})
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = ArrivalMiddleware(app, ArrivalMetrics(registry))
+    for method, path in [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
+                         ("POST", "/batchlens/v1/batch")]:  # fmt: skip
+        asyncio.run(middleware({"type": "http", "method": method, "path": path}, None, send))
+    value = registry.get_sample_value
+    assert value("batchlens_requests_total", {"stream": "true"}) == 1
+    assert value("batchlens_requests_total", {"stream": "false"}) == 1
+    assert value("batchlens_request_interarrival_seconds_count") == 1  # two arrivals, one gap
+    assert len(sent) == 4  # every answer still goes out
+
+
+# -- the real thing: two Prometheus servers, two kinds of traffic --------------------------------
+
+LOADS = {
+    "sim-bursty": ["--rate", "4", "--arrival", "bursty", "--prompt-tokens", "1024,4096", "--output-tokens", "64",
+                   "--stream-share", "0.6"],
+    "sim-steady": ["--rate", "5", "--arrival", "steady", "--prompt-tokens", "256", "--output-tokens", "32",
+                   "--stream-share", "0"],
+}  # fmt: skip
+RANGE_SECONDS = 60
+
+
+@pytest.mark.e2e
+def test_bursty_and_steady_traffic_get_opposite_advice(tmp_path):
+    stacks, loads = [], []
+    try:
+        for name, args in LOADS.items():
+            sim = SimulatorProcess(tmp_path, speed=10, args=("--max-num-seqs", "64"))
+            config = tmp_path / f"{name}.yaml"
+            config.write_text(json.dumps({"engines": [{"name": name, "url": sim.url, "simulated_gpu": True}]}))
+            exporter = ExporterProcess(tmp_path, [], extra_args=("--config", str(config)))
+            prometheus = PrometheusServer(
+                tmp_path / f"prom-{name}",
+                [{"job_name": "batchlens", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+                rule_files=tuple(str(p) for p in sorted((ROOT / "alerts").glob("*.yml"))),
+            )
+            stacks.append((name, sim, exporter, prometheus))
+            argv = [BATCHLENS, "load", "--url", sim.url, "--duration", str(RANGE_SECONDS + 40), *args]
+            loads.append(Process(f"load-{name}", argv, tmp_path / f"load-{name}.log"))
+        time.sleep(RANGE_SECONDS + 10)  # advise on live traffic: the whole range inside the load
+        advice = {}
+        for name, _, _, prometheus in stacks:
+            done = subprocess.run(
+                [BATCHLENS, "advise", "--prometheus", prometheus.url, "--range", f"{RANGE_SECONDS}s",
+                 "--resolution", "3s", "--json"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            (advice[name],) = json.loads(done.stdout)
+            text = subprocess.run(
+                [BATCHLENS, "advise", "--prometheus", prometheus.url, "--range", f"{RANGE_SECONDS}s",
+                 "--resolution", "3s"],
+                capture_output=True, text=True, timeout=60,
+            ).stdout  # fmt: skip
+            print(text)  # the evidence, in the test log
+            assert f"{name}: " in text and "because" in text
+    finally:
+        for load in loads:
+            load.stop()
+        for _, sim, exporter, prometheus in stacks:
+            prometheus.stop()
+            exporter.stop()
+            sim.stop()
+
+    bursty, steady = advice["sim-bursty"], advice["sim-steady"]
+    assert bursty["continuous"] is True and steady["continuous"] is False
+    b = {c["name"]: c for c in bursty["criteria"]}
+    s = {c["name"]: c for c in steady["criteria"]}
+    assert b["inter-arrival CV"]["value"] > 1.0 and s["inter-arrival CV"]["value"] < 0.3
+    assert b["peak/trough QPS"]["met"] and not s["peak/trough QPS"]["met"]
+    assert b["mean tokens per request"]["value"] > 2048 > 1000 > s["mean tokens per request"]["value"]
+    assert 0.4 < b["streaming share"]["value"] < 0.8 and s["streaming share"]["value"] == 0
+    recommended = {r["setting"]: r for r in steady["recommendations"]}
+    # Evenly spaced at 5/s: every gap is 0.2 s, so the P90 lies in the (0.1, 0.25] bucket.
+    assert 0.1 < float(recommended["cold-path threshold (s)"]["value"]) <= 0.25
+    assert recommended["long-context instance"]["value"] == "no"
+    assert {r["setting"]: r for r in bursty["recommendations"]}["long-context instance"]["value"].startswith("yes")
+    assert bursty["requests"] > 150 and steady["requests"] > 150
+
+
+def test_advise_explains_an_unreachable_prometheus():
+    done = subprocess.run(
+        [BATCHLENS, "advise", "--prometheus", "http://127.0.0.1:9", "--range", "1h"], capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and "cannot read http://127.0.0.1:9" in done.stderr
+    bad = subprocess.run([BATCHLENS, "advise", "--prometheus", "http://x", "--range", "soon"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--range" in bad.stderr
