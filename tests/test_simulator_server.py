@@ -137,6 +137,25 @@ def test_a_client_that_goes_away_is_aborted(sim: SimulatorProcess) -> None:
     assert one(gauges(sim), "vllm:num_requests_running") == 0
 
 
+def test_clients_that_leave_mid_stream_leave_the_engine_serving(sim: SimulatorProcess) -> None:
+    """Ten streams dropped while their tokens are being produced; the next request must still be answered."""
+    aborted = one(gauges(sim), "vllm:request_success_total", finished_reason="abort")
+    conns = []
+    for _ in range(10):
+        conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=30)
+        payload = {"model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True}
+        conn.request("POST", "/v1/completions", json.dumps(payload))
+        resp = conn.getresponse()
+        resp.fp.readline()
+        conns.append(conn)
+    for conn in conns:
+        conn.close()
+    status, reply = sim.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20}, timeout=20)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 20
+    assert one(gauges(sim), "vllm:request_success_total", finished_reason="abort") > aborted
+    assert "Traceback" not in sim.process.log_tail(200)
+
+
 def test_the_exporter_reads_the_simulator_like_a_vllm_with_its_gpu(tmp_path, sim: SimulatorProcess) -> None:
     config = tmp_path / "batchlens.yaml"
     config.write_text(yaml.safe_dump({"engines": [{"name": "sim", "url": sim.url, "simulated_gpu": True}]}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from typing import Any
@@ -16,6 +17,7 @@ from batchlens.admin_api import TOKEN_ENV
 from batchlens.config import Config, ConfigError, load_config, masked_dump, parse_engine_flag, parse_listen
 from batchlens.load.plan import ARRIVALS
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
+from batchlens.sweep.knee import DEFAULT_MIN_GAIN
 
 config_option = click.option(
     "--config",
@@ -35,6 +37,17 @@ prometheus_option = click.option(
 range_option = click.option(
     "--range", "range_", default="24h", show_default=True, metavar="DURATION",
     help="How far back to look, as a Prometheus duration (30m, 6h, 7d).",
+)  # fmt: skip
+
+min_gain_option = click.option(
+    "--min-gain", type=click.FloatRange(min=1), default=DEFAULT_MIN_GAIN, show_default=True,
+    help="The least throughput gain per doubling of the batch limit that is worth it: the knee is where "
+    "a doubling stops paying this much.",
+)  # fmt: skip
+
+slo_option = click.option(
+    "--slo", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+    help="Your P99 latency requirement; the batch limit must keep P99 within it [default: thresholds.p99_seconds].",
 )  # fmt: skip
 
 
@@ -223,12 +236,13 @@ def simulate(
 
 
 def _token_counts(value: str) -> tuple[int, ...]:
+    """A list such as 256,512 (token counts, batch limits): positive integers."""
     try:
         counts = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated token counts such as 256,512, got {value!r}") from None
+        raise click.BadParameter(f"expected comma-separated positive integers such as 256,512, got {value!r}") from None
     if not counts or min(counts) < 1:
-        raise click.BadParameter("token counts must be positive integers")
+        raise click.BadParameter("expected positive integers")
     return counts
 
 
@@ -409,23 +423,12 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
     metavar="DURATION",
     help="The window of the QPS whose peak and trough are compared (the article's 5 minutes).",
 )
-@click.option(
-    "--p99-requirement",
-    type=click.FloatRange(min=0, min_open=True),
-    metavar="SECONDS",
-    help="Your latency requirement [default: thresholds.p99_seconds, on thresholds.p99_latency].",
-)
-@click.option(
-    "--min-gain",
-    type=click.FloatRange(min=1),
-    default=1.15,
-    show_default=True,
-    help="The throughput gain per doubling of the batch below which a larger limit is not worth it.",
-)
+@slo_option
+@min_gain_option
 @click.option("--engine", "engines", multiple=True, metavar="NAME", help="Only this vllm_instance (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
 def advise(
-    config_path: str | None, prometheus_url: str, range_: str, resolution: str, p99_requirement: float | None,
+    config_path: str | None, prometheus_url: str, range_: str, resolution: str, slo: float | None,
     min_gain: float, engines: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """Decide continuous against static batching from real traffic, and recommend settings.
@@ -443,7 +446,7 @@ def advise(
 
     \b
     Example:
-      batchlens advise --prometheus http://127.0.0.1:9090 --range 7d --p99-requirement 0.3
+      batchlens advise --prometheus http://127.0.0.1:9090 --range 7d --slo 0.3
     """
     import asyncio
     import time
@@ -469,7 +472,7 @@ def advise(
             + (f" for {', '.join(engines)}" if engines else "")
             + ": does it scrape the batchlens exporter?"
         )
-    requirement = p99_requirement or config.thresholds.p99_seconds
+    requirement = slo or config.thresholds.p99_seconds
     advice = [decide(e, requirement=requirement, latency=config.thresholds.p99_latency, min_gain=min_gain)
               for e in found]  # fmt: skip
     if as_json:
@@ -485,6 +488,120 @@ def _duration(value: str, flag: str) -> float:
         return duration_seconds(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint=flag) from None
+
+
+@main.command()
+@config_option
+@click.option(
+    "--engine",
+    "engine_url",
+    required=True,
+    metavar="URL",
+    help="Base URL of the vLLM server (or `batchlens simulate`) with the batchlens admin API.",
+)
+@click.option(
+    "--limits",
+    default="1,2,4,8,16,32,64",
+    show_default=True,
+    help="The batch limits to visit, in order (each at most the engine's max_num_seqs).",
+)
+@click.option("--settle", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="SECONDS",
+              help="Time at each limit before measuring, for the batch to fill.")  # fmt: skip
+@click.option("--measure", type=click.FloatRange(min=1), default=20.0, show_default=True, metavar="SECONDS",
+              help="Time measured at each limit.")  # fmt: skip
+@click.option("--load-factor", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Closed-loop clients per unit of limit: 1 fills the batch and queues nothing.")  # fmt: skip
+@click.option("--prompt-tokens", default="512", show_default=True, help="Prompt lengths to draw from.")
+@click.option("--output-tokens", default="128", show_default=True, help="Output lengths to draw from.")
+@click.option(
+    "--latency",
+    type=click.Choice(["ttft", "e2e"]),
+    default=None,
+    help="The latency the SLO is about [default: thresholds.p99_latency].",
+)
+@slo_option
+@min_gain_option
+@click.option(
+    "--exporter",
+    "exporter_url",
+    metavar="URL",
+    help="The batchlens exporter watching the engine's GPUs, for memory busy and DRAM bandwidth.",
+)
+@click.option("--vllm-instance", metavar="NAME", help="The engine's vllm_instance label at --exporter.")
+@click.option(
+    "--admin-token-env", default=TOKEN_ENV, show_default=True, help="Env variable holding the engine's admin API token."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="batchlens-sweep",
+    show_default=True,
+    help="Folder for sweep.csv and sweep.png.",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+def sweep(
+    config_path: str | None, engine_url: str, limits: str, settle: float, measure: float, load_factor: float,
+    prompt_tokens: str, output_tokens: str, latency: str | None, slo: float | None, min_gain: float,
+    exporter_url: str | None, vllm_instance: str | None, admin_token_env: str, out: str, seed: int,
+) -> None:  # fmt: skip
+    """Find the batch-size knee of a running engine: throughput and P99 against the batch limit.
+
+    For each limit, the admin API sets it, a fixed closed-loop load fills the
+    batch, and the step records throughput (the engine's own token counter),
+    P99 TTFT and E2E (the clients'), KV usage and, with --exporter, GPU memory
+    busy and DRAM bandwidth. The knee is the largest limit whose throughput gain
+    per doubling stays at or above --min-gain with P99 within the SLO. Prints a
+    table and writes sweep.csv and sweep.png. The engine's limit is restored
+    afterwards. Do not sweep an engine that serves users.
+
+    \b
+    Example:
+      BATCHLENS_ADMIN_TOKEN=s3cret batchlens sweep --engine http://127.0.0.1:8000 \\
+          --exporter http://127.0.0.1:9400 --vllm-instance deepseek-a
+    """
+    import asyncio
+    from pathlib import Path
+
+    import aiohttp
+
+    from batchlens.remediation.admin_client import AdminCallError
+    from batchlens.sweep.knee import Point, find_knee
+    from batchlens.sweep.output import table, write_csv, write_png
+    from batchlens.sweep.run import Sweep, SweepError, SweepSpec
+
+    config = _load(config_path, {})
+    latency = latency or (config.thresholds.p99_latency if config.thresholds.p99_latency != "itl" else "ttft")
+    slo = slo or config.thresholds.p99_seconds
+    spec = SweepSpec(
+        limits=_token_counts(limits), settle_seconds=settle, measure_seconds=measure, load_factor=load_factor,
+        prompt_tokens=_token_counts(prompt_tokens), output_tokens=_token_counts(output_tokens), seed=seed,
+    )  # fmt: skip
+    total = math.ceil(spec.settle_seconds) + math.ceil(spec.measure_seconds)
+
+    async def run(bar) -> list:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            return await Sweep(
+                session, engine_url, os.environ.get(admin_token_env) or None, spec, exporter_url=exporter_url,
+                vllm_instance=vllm_instance, on_second=lambda: bar.update(1),
+            ).run()  # fmt: skip
+
+    label = f"sweeping {len(spec.limits)} limits"
+    try:
+        with click.progressbar(length=total * len(spec.limits), label=label, file=sys.stderr) as bar:
+            steps = asyncio.run(run(bar))
+    except (SweepError, AdminCallError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+        raise click.ClickException(f"cannot sweep {engine_url}: {exc}") from None
+    measure_of = {"ttft": "ttft_p99", "e2e": "e2e_p99"}[latency]
+    knee = find_knee([Point(s.limit, s.throughput, getattr(s, measure_of)) for s in steps], slo=slo,
+                     min_gain=min_gain)  # fmt: skip
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_csv(steps, knee, folder / "sweep.csv")
+    write_png(steps, knee, folder / "sweep.png", slo=slo, latency=latency.upper(), title=engine_url)
+    click.echo(table(steps, knee))
+    click.echo(f"wrote {folder / 'sweep.csv'} and {folder / 'sweep.png'}")
 
 
 @main.command("lint-config")

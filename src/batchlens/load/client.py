@@ -25,7 +25,7 @@ async def first_model(session: aiohttp.ClientSession, url: str) -> str:
     return models[0]["id"]
 
 
-async def _send(session: aiohttp.ClientSession, url: str, model: str, p: Planned, timeout: float) -> Result:
+async def send(session: aiohttp.ClientSession, url: str, model: str, p: Planned, timeout: float) -> Result:
     loop = asyncio.get_running_loop()
     payload: dict = {"model": model, "prompt": prompt(p.prompt_tokens), "max_tokens": p.max_tokens, "ignore_eos": True}
     if p.stream:
@@ -82,7 +82,7 @@ async def run(
 
         async def at_its_time(p: Planned) -> Result:
             await asyncio.sleep(max(0.0, start + p.at - loop.time()))
-            return await _send(session, url, model, p, timeout)
+            return await send(session, url, model, p, timeout)
 
         results = await asyncio.gather(*(at_its_time(p) for p in planned))
         return model, list(results), loop.time() - start

@@ -109,10 +109,13 @@ class Simulator:
             await asyncio.sleep(max(0.0, self._t0 + clock / self.speed - time.monotonic()))
             self.metrics.observe_step(step)
             self.gpu.record(step)
+            # A client may have gone away during the sleep: its request was aborted and has no one to tell.
             for request in step.produced:
-                self._pending[request.id].tokens.put_nowait(request.generated)
+                if (pending := self._pending.get(request.id)) is not None:
+                    pending.tokens.put_nowait(request.generated)
             for request in step.finished:
-                self._pending.pop(request.id).tokens.put_nowait(None)
+                if (pending := self._pending.pop(request.id, None)) is not None:
+                    pending.tokens.put_nowait(None)
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
         request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
@@ -149,7 +152,7 @@ class Simulator:
                 return await self._stream(request, req, request_id, pending)
             while await pending.tokens.get() is not None:
                 pass
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             self.abort(pending)
             raise
         done = pending.request
@@ -167,15 +170,18 @@ class Simulator:
             )
 
         sent = 0
-        while (count := await pending.tokens.get()) is not None:
-            for index in range(sent, count):
-                await send(api.chunk(req, request_id, index, None))
-            sent = count
-        await send(api.chunk(req, request_id, sent, pending.request.finish_reason or "length"))
-        if req.include_usage:
-            await send(api.usage_chunk(req, request_id, pending.request.generated))
-        await send(b"[DONE]")
-        await response.write_eof()
+        try:
+            while (count := await pending.tokens.get()) is not None:
+                for index in range(sent, count):
+                    await send(api.chunk(req, request_id, index, None))
+                sent = count
+            await send(api.chunk(req, request_id, sent, pending.request.finish_reason or "length"))
+            if req.include_usage:
+                await send(api.usage_chunk(req, request_id, pending.request.generated))
+            await send(b"[DONE]")
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away mid-stream: stop generating, nobody to tell
+            self.abort(pending)
         return response
 
     async def models(self, _request: web.Request) -> web.Response:
@@ -258,6 +264,7 @@ class Simulator:
     async def _start(self, _app: web.Application) -> None:
         self._t0 = time.monotonic()
         self._task = asyncio.create_task(self.run(), name="simulated engine")
+        self._task.add_done_callback(_engine_stopped)
 
     async def _stop(self, _app: web.Application) -> None:
         if self._task is not None:
@@ -278,6 +285,11 @@ class Simulator:
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
+
+
+def _engine_stopped(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.critical("the simulated engine stopped; requests will hang", exc_info=task.exception())
 
 
 def _error(exc: api.ApiError) -> web.Response:

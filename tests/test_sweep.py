@@ -1,0 +1,180 @@
+"""`batchlens sweep`: the knee rule (pure), the outputs, and real sweeps of the simulator and of vLLM.
+
+The simulator stands in for vLLM on a GPU. Its knee is worked out here from the simulator's engine
+model directly (simulated time, no HTTP, closed-loop clients as the sweep runs them); the sweep over
+HTTP must find it within one step. The `vllm` test sweeps the real CPU server.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+from batchlens.load.plan import percentile
+from batchlens.simulator.engine import Engine, SimRequest
+from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
+from batchlens.sweep.knee import Point, find_knee, gain_per_doubling
+from batchlens.sweep.output import table, write_csv, write_png
+from batchlens.sweep.run import StepResult
+from harness.admin import AdminClient
+from harness.exporter import BATCHLENS, ExporterProcess, parse_samples, pick
+from harness.simulator import SimulatorProcess
+from harness.vllm import ADMIN_TOKEN
+
+
+def token_env(token: str) -> dict[str, str]:
+    return {**os.environ, "BATCHLENS_ADMIN_TOKEN": token}
+
+
+CURVE = [Point(1, 81, 0.1), Point(2, 155, 0.1), Point(4, 278, 0.1), Point(8, 434, 0.2), Point(16, 524, 0.3),
+         Point(32, 448, 0.8)]  # fmt: skip
+
+
+# -- the knee, pure ------------------------------------------------------------------------
+
+
+def test_the_knee_is_where_a_doubling_stops_paying():
+    knee = find_knee(CURVE, slo=1.0)
+    assert knee.limit == 16 and "x0.85" in knee.reason
+    assert knee.gains[2] == pytest.approx(155 / 81)
+    assert find_knee(CURVE, slo=1.0, min_gain=1.3).limit == 8  # 8 -> 16 gains x1.21
+    assert find_knee(list(reversed(CURVE)), slo=1.0).limit == 16  # order does not matter
+
+
+def test_the_slo_stops_the_walk_and_can_refuse_every_limit():
+    assert find_knee(CURVE, slo=0.25).limit == 8
+    none = find_knee(CURVE, slo=0.05)
+    assert none.limit is None and "smallest limit 1" in none.reason
+
+
+def test_gain_is_per_doubling_whatever_the_step():
+    assert gain_per_doubling(Point(4, 100, 0), Point(16, 400, 0)) == pytest.approx(2.0)  # x4 over two doublings
+    assert gain_per_doubling(Point(1, 0, 0), Point(2, 10, 0)) == math.inf
+
+
+def test_outputs_table_csv_and_png(tmp_path):
+    steps = [StepResult(p.limit, p.limit, 10, 0, p.throughput, p.p99, p.p99 * 3, p.limit / 64) for p in CURVE]
+    knee = find_knee(CURVE, slo=1.0)
+    text = table(steps, knee)
+    assert text.splitlines()[5].endswith("<- knee") and "knee: batch limit 16" in text
+    write_csv(steps, knee, tmp_path / "sweep.csv")
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [int(r["limit"]) for r in rows] == [1, 2, 4, 8, 16, 32]
+    assert [r["knee"] for r in rows] == ["0", "0", "0", "0", "1", "0"] and rows[0]["gpu_memory_busy"] == ""
+    write_png(steps, knee, tmp_path / "sweep.png", slo=1.0, latency="TTFT", title="test")
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the simulator's own knee -------------------------------------------------------------------
+
+PROMPT, OUTPUT, SPEED, SLO = 512, 128, 5, 0.5
+LIMITS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def model_point(limit: int, warmup: float = 20.0, window: float = 60.0) -> Point:
+    """The engine model with ``limit`` closed-loop clients, in simulated seconds: throughput and P99 TTFT."""
+    engine = Engine(GPUS[DEFAULT_GPU], MODELS[DEFAULT_MODEL], max_num_seqs=64)
+    engine.set_limit(limit)
+    clock, count = 0.0, 0
+
+    def new(at: float) -> None:
+        nonlocal count
+        count += 1
+        engine.add(SimRequest(str(count), PROMPT, OUTPUT, at))
+
+    for _ in range(limit):
+        new(0.0)
+    generated, ttfts = 0, []
+    while clock < warmup + window:
+        step = engine.step(clock)
+        clock += step.duration
+        if clock > warmup:
+            generated += len(step.produced)
+        for r in step.finished:
+            if r.arrival >= warmup:
+                ttfts.append(r.first_token_at - r.arrival)
+            new(clock)
+    return Point(limit, generated / window, percentile(ttfts, 99))
+
+
+def test_the_sweep_finds_the_simulators_knee_within_one_step(tmp_path):
+    model = [model_point(limit) for limit in LIMITS]
+    expected = find_knee(model, slo=SLO)
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "64"))
+    config = tmp_path / "batchlens.yaml"
+    config.write_text(json.dumps({"engines": [{"name": "sim", "url": sim.url, "simulated_gpu": True}]}))
+    exporter = ExporterProcess(tmp_path, [], extra_args=("--config", str(config)))
+    admin = AdminClient(sim.url, sim.token)
+    admin.set_limit(48)
+    try:
+        done = subprocess.run(
+            [BATCHLENS, "sweep", "--engine", sim.url, "--limits", ",".join(map(str, LIMITS)), "--settle", "2",
+             "--measure", "6", "--prompt-tokens", str(PROMPT), "--output-tokens", str(OUTPUT),
+             "--slo", str(SLO / SPEED), "--latency", "ttft",  # wall-clock seconds: the simulator runs 5x faster
+             "--exporter", exporter.url, "--vllm-instance", "sim", "--out", str(tmp_path / "out")],
+            capture_output=True, text=True, timeout=240, env=token_env(sim.token),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert admin.state().max_num_active_seqs == 48, "the sweep must restore the limit it found"
+    finally:
+        exporter.stop()
+        sim.stop()
+    print(done.stdout)
+    print("model:", {p.limit: (round(p.throughput), round(p.p99, 3)) for p in model}, "knee", expected.limit)
+    rows = list(csv.DictReader((tmp_path / "out/sweep.csv").open()))
+    found = next(int(r["limit"]) for r in rows if r["knee"] == "1")
+    assert abs(math.log2(found) - math.log2(expected.limit)) <= 1, (found, expected)
+    assert f"knee: batch limit {found}" in done.stdout and "sweeping 7 limits" in done.stderr  # the progress bar
+    throughput = [float(r["throughput"]) for r in rows]
+    assert throughput[3] > 4 * throughput[0], "batching must pay at small limits"
+    kv = [float(r["kv_usage"]) for r in rows]
+    assert kv == sorted(kv) and kv[-1] > kv[0]
+    assert all(0 < float(r["gpu_memory_busy"]) <= 1 for r in rows), "GPU memory busy from the exporter"
+    assert all(int(r["requests"]) > 0 and int(r["errors"]) == 0 for r in rows)
+    assert (tmp_path / "out/sweep.png").stat().st_size > 10_000
+
+
+def test_sweep_refuses_limits_above_capacity_and_a_wrong_token(tmp_path):
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "8"))
+    try:
+        base = [BATCHLENS, "sweep", "--engine", sim.url, "--out", str(tmp_path / "out"), "--measure", "1"]
+        too_big = subprocess.run([*base, "--limits", "4,16"], capture_output=True, text=True, timeout=60,
+                                 env=token_env(sim.token))  # fmt: skip
+        assert too_big.returncode == 1 and "limits [16] exceed the engine's max_num_seqs 8" in too_big.stderr
+        wrong = subprocess.run([*base, "--limits", "1"], capture_output=True, text=True, timeout=60,
+                               env=token_env("nope"))  # fmt: skip
+        assert wrong.returncode == 1 and "401" in wrong.stderr and "nope" not in wrong.stderr
+    finally:
+        sim.stop()
+
+
+# -- a real vLLM on the CPU -----------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_sweep_of_a_real_vllm_writes_its_table_csv_and_png(tmp_path, vllm_server):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [BATCHLENS, "sweep", "--engine", vllm_server.url, "--limits", "1,2,4,8", "--settle", "2", "--measure", "5",
+         "--prompt-tokens", "32", "--output-tokens", "32", "--slo", "5", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=token_env(ADMIN_TOKEN),
+    )  # fmt: skip
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [int(r["limit"]) for r in rows] == [1, 2, 4, 8]
+    assert all(float(r["throughput"]) > 0 and int(r["requests"]) > 0 for r in rows)
+    assert all(float(r["ttft_p99"]) > 0 and float(r["e2e_p99"]) >= float(r["ttft_p99"]) for r in rows)
+    assert sum(r["knee"] == "1" for r in rows) == 1
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The plugin's arrival series, seen by the middleware inside the real API server.
+    samples = parse_samples(vllm_server.metrics_text())
+    assert sum(pick(samples, "batchlens_requests_total", stream="true").values()) >= sum(
+        int(r["requests"]) for r in rows
+    )
+    assert sum(pick(samples, "batchlens_request_interarrival_seconds_count").values()) > 0
