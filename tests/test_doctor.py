@@ -231,6 +231,8 @@ def test_vllm_processes_are_found_with_their_real_affinity():
         ("python", ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], True),
         ("vllm", ["/usr/bin/vllm", "serve", "deepseek"], True),
         ("python", ["python", "-m", "pytest", "tests/test_vllm_plugin.py"], False),
+        ("timeout", ["timeout", "600", "pytest", "-m", "not vllm"], False),
+        ("python3", ["/usr/bin/python3", "/opt/venv/bin/vllm", "serve", "m"], True),
         ("batchlens", ["batchlens", "exporter", "--engine", "vllm-a=http://x"], False),
     ],
 )

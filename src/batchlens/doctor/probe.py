@@ -28,7 +28,6 @@ log = logging.getLogger("batchlens.doctor")
 # vLLM v1 names its processes VLLM::EngineCore, VLLM::Worker...; the API server is a Python command line.
 VLLM_TITLE = re.compile(r"^VLLM::")
 SAMPLES_PER_SECOND = 5
-VLLM_COMMAND = re.compile(r"(^|[/\s])vllm(\.entrypoints\.\S+)?(\s|$)|\bvllm\.entrypoints\b")
 
 
 def _text(path: Path) -> str | None:
@@ -204,7 +203,13 @@ def nvidia_smi_topo() -> str | None:
 
 
 def is_vllm(name: str, cmdline: list[str]) -> bool:
-    return bool(VLLM_TITLE.match(name)) or bool(VLLM_COMMAND.search(" ".join(cmdline)))
+    """``VLLM::*`` titles, ``vllm serve`` (or ``python .../vllm serve``) and ``python -m vllm.entrypoints...``.
+
+    Only the command itself counts: ``pytest -m "not vllm"`` mentions vllm but is not it.
+    """
+    if VLLM_TITLE.match(name):
+        return True
+    return "vllm" in (Path(arg).name for arg in cmdline[:2]) or any(a.startswith("vllm.entrypoints") for a in cmdline)
 
 
 def vllm_processes(gpu_pids: dict[int, tuple[int, ...]]) -> list[VllmProcess]:
