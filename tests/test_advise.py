@@ -171,7 +171,7 @@ LOADS = {
     "sim-steady": ["--rate", "5", "--arrival", "steady", "--prompt-tokens", "256", "--output-tokens", "32",
                    "--stream-share", "0"],
 }  # fmt: skip
-RANGE_SECONDS = 60
+RANGE_SECONDS = 40
 
 
 @pytest.mark.e2e
@@ -229,7 +229,7 @@ def test_bursty_and_steady_traffic_get_opposite_advice(tmp_path):
     assert 0.1 < float(recommended["cold-path threshold (s)"]["value"]) <= 0.25
     assert recommended["long-context instance"]["value"] == "no"
     assert {r["setting"]: r for r in bursty["recommendations"]}["long-context instance"]["value"].startswith("yes")
-    assert bursty["requests"] > 150 and steady["requests"] > 150
+    assert bursty["requests"] > 100 and steady["requests"] > 150
 
 
 def test_advise_explains_an_unreachable_prometheus():
