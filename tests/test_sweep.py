@@ -11,7 +11,9 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -151,6 +153,21 @@ def test_sweep_refuses_limits_above_capacity_and_a_wrong_token(tmp_path):
         assert wrong.returncode == 1 and "401" in wrong.stderr and "nope" not in wrong.stderr
     finally:
         sim.stop()
+
+
+def test_an_engine_that_dies_mid_sweep_ends_it_with_a_clear_error(tmp_path):
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "8"))
+    sweep = subprocess.Popen(
+        [BATCHLENS, "sweep", "--engine", sim.url, "--limits", "1,2,4", "--settle", "1", "--measure", "6",
+         "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=token_env(sim.token),
+    )  # fmt: skip
+    time.sleep(4)
+    sim.process.stop(signal.SIGKILL)
+    _, err = sweep.communicate(timeout=60)
+    assert sweep.returncode == 1
+    assert f"cannot read {sim.url}/metrics" in err and "could not put the batch limit back to 8" in err
+    assert "Traceback" not in err and not (tmp_path / "out/sweep.csv").exists()
 
 
 # -- a real vLLM on the CPU -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ The limit in force before the sweep is restored at the end, also on errors.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import statistics
@@ -30,16 +31,20 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from batchlens.admin_api import BATCH_PATH
 from batchlens.exporter.parser import ExpositionReader, ParseError
 from batchlens.load.client import first_model, send
 from batchlens.load.plan import Planned, Result, percentile
-from batchlens.remediation.admin_client import AdminClient
+from batchlens.remediation.admin_client import AdminCallError, AdminClient
 
 GENERATED = "vllm:generation_tokens_total"
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 MEMORY_BUSY = "batchlens_gpu_memory_busy_ratio"
 DRAM_BANDWIDTH = "batchlens_gpu_dram_bandwidth_ratio"
 SAMPLE_SECONDS = 1.0
+ERROR_PAUSE_SECONDS = 0.5
+
+log = logging.getLogger("batchlens.sweep")
 
 
 @dataclass(frozen=True)
@@ -127,14 +132,22 @@ class Sweep:
         try:
             return [await self._step(limit, model) for limit in self.spec.limits]
         finally:
-            await self.admin.put(state.max_num_active_seqs)
+            try:
+                await self.admin.put(state.max_num_active_seqs)
+            except AdminCallError as exc:
+                log.error(
+                    "could not put the batch limit back to %d: %s. Set it with PUT %s%s",
+                    state.max_num_active_seqs, exc, self.url, BATCH_PATH,
+                )  # fmt: skip
 
     async def _get(self, url: str) -> str:
         try:
             async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as reply:
-                return await reply.text() if reply.status == 200 else ""
-        except (aiohttp.ClientError, TimeoutError):
-            return ""
+                if reply.status != 200:
+                    raise SweepError(f"{url} answered {reply.status}")
+                return await reply.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SweepError(f"cannot read {url}: {exc or type(exc).__name__}") from None
 
     async def _generated(self) -> float:
         values = metric_values(await self._get(self.url + "/metrics"), (GENERATED,))
@@ -143,10 +156,19 @@ class Sweep:
         return sum(values)
 
     async def _sample(self, step: StepResult) -> None:
-        text = await self._get(self.url + "/metrics")
+        """One second's KV and GPU figures; a missed sample is logged and skipped, not fatal."""
+        try:
+            text = await self._get(self.url + "/metrics")
+        except SweepError as exc:
+            log.warning("sweep: %s", exc)
+            return
         step.samples.setdefault("kv_usage", []).extend(metric_values(text, KV_USAGE)[:1])
         if self.exporter_url:
-            gpu = await self._get(self.exporter_url + "/metrics")
+            try:
+                gpu = await self._get(self.exporter_url + "/metrics")
+            except SweepError as exc:
+                log.warning("sweep: %s", exc)
+                return
             labels = {"vllm_instance": self.vllm_instance} if self.vllm_instance else None
             for key, name in (("gpu_memory_busy", MEMORY_BUSY), ("gpu_dram_bandwidth", DRAM_BANDWIDTH)):
                 if values := metric_values(gpu, (name,), labels):
@@ -164,8 +186,10 @@ class Sweep:
         async def client() -> None:
             while True:
                 started = loop.time()
-                finished.append((started, await send(self.session, self.url, model, self._request(),
-                                                     self.spec.request_timeout)))  # fmt: skip
+                result = await send(self.session, self.url, model, self._request(), self.spec.request_timeout)
+                finished.append((started, result))
+                if not result.ok:
+                    await asyncio.sleep(ERROR_PAUSE_SECONDS)  # a failing engine is not hammered in a tight loop
 
         clients = [asyncio.create_task(client()) for _ in range(step.clients)]
         try:
