@@ -7,8 +7,8 @@
 # matmul loop on GPU 0 through PyTorch), starts the exporter with that engine, scrapes
 # /metrics twice 5 s apart while the loop runs, and checks that the values are plausible:
 # memory busy above 0 under load, a peak bandwidth near the data sheet's, the GPU mapped to
-# the engine through the process tree. The scrapes and a summary land in OUTDIR; record the
-# summary in docs/gpu-validation.md.
+# the engine through the process tree. It also runs `batchlens doctor` under that load. The
+# scrapes, doctor's report and a summary land in OUTDIR; record them in docs/gpu-validation.md.
 #
 # Needs: python3 with torch (CUDA), nvidia-ml-py, aiohttp, click, psutil, prometheus-client,
 # PyYAML and pydantic. The package itself runs from src/ (no install). Wheels of a missing
@@ -56,6 +56,9 @@ sleep 8  # the worker allocates and warms up; the exporter takes two GPM samples
 curl -sf "http://127.0.0.1:$EXPORTER_PORT/metrics" >"$OUTDIR/scrape1.prom"
 sleep 5
 curl -sf "http://127.0.0.1:$EXPORTER_PORT/metrics" >"$OUTDIR/scrape2.prom"
+# `batchlens doctor` on the real GPU while the worker still loads it (exit 3 means warnings only).
+"$PY" -m batchlens doctor --sample-seconds 2 >"$OUTDIR/doctor.txt" 2>&1 || true
+"$PY" -m batchlens doctor --sample-seconds 1 --json >"$OUTDIR/doctor.json" 2>/dev/null || true
 kill $EXPORTER_PID $ENGINE_PID 2>/dev/null || true
 wait $EXPORTER_PID 2>/dev/null || true
 
@@ -89,6 +92,9 @@ for name in ("scrape1.prom", "scrape2.prom"):
         print(("ok   " if ok else "FAIL ") + what)
         if not ok:
             failures.append(f"{name}: {what}")
+if (out / "doctor.txt").exists():
+    print("--- batchlens doctor under load")
+    print((out / "doctor.txt").read_text().rstrip())
 print("RESULT", "pass" if not failures else "fail: " + "; ".join(failures))
 sys.exit(1 if failures else 0)
 EOF
