@@ -172,6 +172,10 @@ LOADS = {
                    "--stream-share", "0"],
 }  # fmt: skip
 RANGE_SECONDS = 40
+# The bursty load repeats every 6 s (2 s of burst, 4 s quiet). Windows of 2 s, evaluated every 2 s, cut each
+# period into three, so one window is always quiet and one holds burst, whatever the phase. (With 3 s
+# windows a phase exists where both halves of the period hold half a burst, and peak = trough.)
+RESOLUTION = "2s"
 
 
 @pytest.mark.e2e
@@ -196,14 +200,14 @@ def test_bursty_and_steady_traffic_get_opposite_advice(tmp_path):
         for name, _, _, prometheus in stacks:
             done = subprocess.run(
                 [BATCHLENS, "advise", "--prometheus", prometheus.url, "--range", f"{RANGE_SECONDS}s",
-                 "--resolution", "3s", "--json"],
+                 "--resolution", RESOLUTION, "--json"],
                 capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
             (advice[name],) = json.loads(done.stdout)
             text = subprocess.run(
                 [BATCHLENS, "advise", "--prometheus", prometheus.url, "--range", f"{RANGE_SECONDS}s",
-                 "--resolution", "3s"],
+                 "--resolution", RESOLUTION],
                 capture_output=True, text=True, timeout=60,
             ).stdout  # fmt: skip
             print(text)  # the evidence, in the test log

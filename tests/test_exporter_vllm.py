@@ -30,9 +30,18 @@ def _kinds(text: str) -> dict[str, str]:
     return kinds
 
 
-def _without_instance(samples: Samples, instance: str) -> Samples:
+def _without_instance(samples: Samples, instance: str, vllm_names: set[str]) -> Samples:
+    """The engine's samples without the added label, less the exporter's own batchlens_* series.
+
+    The batchlens vLLM plugin exports batchlens_* series of its own (the arrival series) from inside
+    vLLM: those are vLLM's samples like any other and must pass through.
+    """
     label = ("vllm_instance", instance)
-    return {(n, lbl - {label}): v for (n, lbl), v in samples.items() if label in lbl and not n.startswith("batchlens_")}
+    return {
+        (n, lbl - {label}): v
+        for (n, lbl), v in samples.items()
+        if label in lbl and (n in vllm_names or not n.startswith("batchlens_"))
+    }
 
 
 def compare(vllm_text: str, exported: Samples, instance: str, *, quiescent: bool) -> None:
@@ -44,7 +53,7 @@ def compare(vllm_text: str, exported: Samples, instance: str, *, quiescent: bool
     """
     vllm = parse_samples(vllm_text)
     kinds = _kinds(vllm_text)
-    mine = _without_instance(exported, instance)
+    mine = _without_instance(exported, instance, {name for name, _ in vllm})
     missing = set(vllm) - set(mine)
     assert not missing, f"{len(missing)} vLLM samples missing, e.g. {sorted(missing, key=str)[:3]}"
     if quiescent:
