@@ -161,6 +161,14 @@ def test_without_driver_every_gpu_check_skips_with_the_reason():
     assert checks.exit_code(outcomes) == 0
 
 
+def test_an_nvml_that_refuses_to_start_says_why():
+    refused = probe.read_nvml(FakeNvml([t4()], errors={"nvmlInit_v2": real.NVML_ERROR_NO_PERMISSION}).module())
+    assert refused.unavailable == "NVML cannot start: Insufficient Permissions"
+    assert checks.driver(refused).status == SKIP
+    unloaded = probe.read_nvml(FakeNvml([t4()], errors={"nvmlInit_v2": real.NVML_ERROR_DRIVER_NOT_LOADED}).module())
+    assert "no NVIDIA driver" in unloaded.unavailable
+
+
 def test_a_gpu_lost_mid_read_is_reported_not_raised():
     lost = t4(1, errors={"nvmlDeviceGetCurrPcieLinkWidth": real.NVML_ERROR_GPU_IS_LOST})
     readings = nvml_of(FakeNvml([t4(0), lost]))

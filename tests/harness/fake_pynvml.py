@@ -203,6 +203,8 @@ class FakeNvml:
     def nvmlInit(self):
         if not self.library:
             raise error(real.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if "nvmlInit_v2" in self.errors:  # the driver is there but refuses (NO_PERMISSION, DRIVER_NOT_LOADED...)
+            raise error(self.errors["nvmlInit_v2"])
         self.initialized = True
 
     def nvmlShutdown(self):

@@ -106,8 +106,10 @@ def read_nvml(
             return NvmlReadings(unavailable=f"cannot import pynvml ({exc}): pip install nvidia-ml-py")
     try:
         nvml.nvmlInit()
-    except nvml.NVMLError as exc:
+    except (nvml.NVMLError_LibraryNotFound, nvml.NVMLError_DriverNotLoaded) as exc:
         return NvmlReadings(unavailable=f"NVML cannot start ({exc}): no NVIDIA driver on this machine")
+    except nvml.NVMLError as exc:  # NoPermission, a driver/library mismatch...
+        return NvmlReadings(unavailable=f"NVML cannot start: {exc}")
     calls = NvmlCalls(nvml)
     try:
         return _read_gpus(calls, sample_seconds, root, sleep)
