@@ -132,10 +132,9 @@ def decide(e: Evidence, *, requirement: float, latency: str, min_gain: float = D
         )
 
     slo = requirement if continuous is not False else math.inf
-    limit = _batch_limit(e, slo, latency, min_gain)
-    if limit is not None:
-        add(limit)
-        value = int(limit.value.split()[0])
+    if (limit := _batch_limit(e, slo, latency, min_gain)) is not None:
+        value, recommendation = limit
+        add(recommendation)
         add(
             Recommendation(
                 "max_num_seqs",
@@ -196,7 +195,8 @@ def _pow2(value: float) -> int:
     return 1 << max(0, math.ceil(math.log2(value))) if value > 0 and not math.isnan(value) else 0
 
 
-def _batch_limit(e: Evidence, slo: float, latency: str, min_gain: float) -> Recommendation | None:
+def _batch_limit(e: Evidence, slo: float, latency: str, min_gain: float) -> tuple[int, Recommendation] | None:
+    """The batch limit to run, and why: the knee of the limits seen, or what one limit's P99 says."""
     shown = "none" if math.isinf(slo) else f"{slo:g}s"
     if len(e.limits) >= 2:
         knee = find_knee(e.limits, slo=slo, min_gain=min_gain)
@@ -204,15 +204,15 @@ def _batch_limit(e: Evidence, slo: float, latency: str, min_gain: float) -> Reco
             f"{p.limit}: {p.throughput:.0f} tok/s P99 {p.p99:.3g}s" for p in sorted(e.limits, key=lambda p: p.limit)
         )
         if knee.limit is None:
-            return Recommendation("batch limit", "1 (cold start)", f"{knee.reason}; seen: {points}")
-        return Recommendation(
+            return 1, Recommendation("batch limit", "1 (cold start)", f"{knee.reason}; seen: {points}")
+        return knee.limit, Recommendation(
             "batch limit", f"{knee.limit} (the knee)", f"{knee.reason}; SLO {shown} on {latency}; seen: {points}"
         )
     if len(e.limits) == 1:
         p = e.limits[0]
         within = p.p99 <= slo
         value = p.limit if within else max(1, p.limit // 2)
-        return Recommendation(
+        return value, Recommendation(
             "batch limit",
             f"{value} ({'keep' if within else 'halve'})",
             f"only limit {p.limit} was seen (P99 {latency} {p.p99:.3g}s against {shown}); "
