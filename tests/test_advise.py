@@ -101,6 +101,9 @@ def test_batch_limit_is_the_knee_of_the_operating_points_seen():
     assert recommendation(advice, "max_num_seqs").value == "32"
     tight = decide(Evidence(**{**vars(BURSTY), "limits": points}), requirement=0.25, latency="ttft")
     assert recommendation(tight, "batch limit").value == "8 (the knee)"
+    overloaded = decide(Evidence(**{**vars(BURSTY), "limits": points}), requirement=0.05, latency="ttft")
+    assert recommendation(overloaded, "batch limit").value == "16 (none meets the SLO)"
+    assert "add capacity" in recommendation(overloaded, "batch limit").evidence
     one = decide(Evidence(**{**vars(BURSTY), "limits": [Point(32, 448, 0.9)]}), requirement=0.5, latency="ttft")
     assert recommendation(one, "batch limit").value == "16 (halve)"
     assert "batchlens sweep" in recommendation(one, "batch limit").evidence

@@ -144,3 +144,19 @@ def test_batchlens_report_draws_the_trend_from_prometheus(stack, tmp_path) -> No
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 30_000
     limits = {int(row.split("</td><td>")[1]) for row in page.split("<tr><td>sim")[1:]}
     assert len(limits) >= 2 and limits <= set(LIMITS), page
+
+
+def test_batchlens_advise_takes_the_batch_limit_from_the_operating_points_seen(stack) -> None:
+    done = subprocess.run(
+        [BATCHLENS, "advise", "--prometheus", stack.url, "--range", "2m", "--resolution", "10s", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [advice] = json.loads(done.stdout)
+    limit = next(r for r in advice["recommendations"] if r["setting"] == "batch limit")
+    seen = {int(n) for n in re.findall(r"(\d+): [\d.]+ tok/s", limit["evidence"])}
+    assert len(seen) >= 2 and seen <= set(LIMITS), limit
+    # The knee within the SLO, or, where every limit is over it (this stack queues 8 clients), the one that
+    # serves the most.
+    assert int(limit["value"].split()[0]) in seen, limit
+    assert limit["value"].endswith(("(the knee)", "(none meets the SLO)")), limit

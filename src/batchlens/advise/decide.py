@@ -204,7 +204,13 @@ def _batch_limit(e: Evidence, slo: float, latency: str, min_gain: float) -> tupl
             f"{p.limit}: {p.throughput:.0f} tok/s P99 {p.p99:.3g}s" for p in sorted(e.limits, key=lambda p: p.limit)
         )
         if knee.limit is None:
-            return 1, Recommendation("batch limit", "1 (cold start)", f"{knee.reason}; seen: {points}")
+            # Over the SLO at every limit is a capacity problem (often queueing): a smaller batch only
+            # serves fewer. Run the limit that serves the most, and add replicas or relax the SLO.
+            best = max(e.limits, key=lambda p: p.throughput).limit
+            return best, Recommendation(
+                "batch limit", f"{best} (none meets the SLO)",
+                f"{knee.reason}: add capacity or relax the SLO; meanwhile {best} serves the most; seen: {points}",
+            )  # fmt: skip
         return knee.limit, Recommendation(
             "batch limit", f"{knee.limit} (the knee)", f"{knee.reason}; SLO {shown} on {latency}; seen: {points}"
         )
