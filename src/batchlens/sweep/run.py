@@ -32,15 +32,14 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from batchlens.admin_api import BATCH_PATH
+from batchlens.exporter.gpu_metrics import DRAM_BANDWIDTH, MEMORY_BUSY
 from batchlens.exporter.parser import ExpositionReader, ParseError
 from batchlens.load.client import first_model, send
 from batchlens.load.plan import Planned, Result, percentile
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
+from batchlens.rules.recording import KV_USAGE
 
 GENERATED = "vllm:generation_tokens_total"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-MEMORY_BUSY = "batchlens_gpu_memory_busy_ratio"
-DRAM_BANDWIDTH = "batchlens_gpu_dram_bandwidth_ratio"
 SAMPLE_SECONDS = 1.0
 ERROR_PAUSE_SECONDS = 0.5
 
@@ -60,10 +59,6 @@ class SweepSpec:
 
     def clients(self, limit: int) -> int:
         return max(1, round(limit * self.load_factor))
-
-    @property
-    def step_seconds(self) -> float:
-        return self.settle_seconds + self.measure_seconds
 
 
 @dataclass
