@@ -1,12 +1,16 @@
 # One slim image for batchlens: exporter, remediate, simulate and load (the command picks).
-FROM python:3.11-slim
+# Stage 1 builds the wheel; stage 2 installs only that wheel, so the image runs what users install.
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md LICENSE ./
+COPY src ./src
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
+FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/batchlens batchlens \
     && mkdir /var/lib/batchlens/state && chown batchlens /var/lib/batchlens/state   # a new volume copies this owner
-WORKDIR /opt/batchlens
-COPY pyproject.toml README.md ./
-COPY src ./src
-RUN pip install --no-cache-dir . && rm -rf /root/.cache
+COPY --from=wheel /dist /tmp/dist
+RUN pip install --no-cache-dir /tmp/dist/batchlens-*.whl && rm -rf /tmp/dist /root/.cache
 
 USER batchlens
 WORKDIR /var/lib/batchlens

@@ -1,7 +1,14 @@
 # vLLM's official image with the batchlens plugin, for the compose `gpu` profile.
 # VLLM_PLUGINS=batchlens and BATCHLENS_ADMIN_TOKEN (set in docker-compose.yml) switch the admin API on.
+# Stage 1 builds the batchlens wheel; vLLM's image installs only that wheel, as the docs tell users to.
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
+
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md LICENSE ./
+COPY src ./src
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
 FROM ${VLLM_IMAGE}
-COPY pyproject.toml README.md /opt/batchlens/
-COPY src /opt/batchlens/src
-RUN pip install --no-cache-dir /opt/batchlens
+COPY --from=wheel /dist /tmp/dist
+RUN pip install --no-cache-dir /tmp/dist/batchlens-*.whl && rm -rf /tmp/dist

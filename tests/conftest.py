@@ -11,6 +11,7 @@ from batchlens.admin_api import TOKEN_ENV
 from harness.procs import Process, free_port, start_server_with_child
 from harness.upstreams import Upstreams
 from harness.vllm import ADMIN_TOKEN, VllmServer, install_plugin, start_vllm
+from harness.wheel import Distributions, build_distributions
 
 DATA = Path(__file__).parent / "data"
 
@@ -22,9 +23,15 @@ def vllm_exposition() -> str:
 
 
 @pytest.fixture(scope="session")
-def vllm_plugin_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment that loads the batchlens plugin (pip-installed from this checkout) into vLLM."""
-    return install_plugin(tmp_path_factory.mktemp("plugin") / "site")
+def distributions(tmp_path_factory: pytest.TempPathFactory) -> Distributions:
+    """The sdist and the wheel of this checkout, built once per session as a release is built."""
+    return build_distributions(tmp_path_factory.mktemp("dist") / "dist")
+
+
+@pytest.fixture(scope="session")
+def vllm_plugin_env(tmp_path_factory: pytest.TempPathFactory, distributions: Distributions) -> dict[str, str]:
+    """The environment that loads the batchlens plugin (pip-installed from the built wheel) into vLLM."""
+    return install_plugin(distributions.wheel, tmp_path_factory.mktemp("plugin") / "site")
 
 
 @pytest.fixture(scope="session")

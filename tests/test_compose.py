@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import click
@@ -15,26 +16,9 @@ import yaml
 from batchlens.cli import main
 from batchlens.config import load_config
 from batchlens.stack import SERVICES
+from harness.compose import COMPOSE, batchlens_services, interpolate
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-ENV_EXAMPLE = dict(
-    line.split("#")[0].strip().split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
-    if "=" in line.split("#")[0]
-)  # fmt: skip
-
-
-def interpolate(value: str) -> str:
-    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error}, with the values of .env.example."""
-
-    def sub(match: re.Match) -> str:
-        name, op, arg = match.group(1), match.group(2) or "", match.group(3) or ""
-        if name in ENV_EXAMPLE and ENV_EXAMPLE[name].strip():
-            return ENV_EXAMPLE[name].strip()
-        assert op != ":?", f"${{{name}}} is required and .env.example does not set it"
-        return arg if op == ":-" else ""
-
-    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
 
 
 def test_the_compose_file_validates_against_the_compose_spec() -> None:
@@ -56,10 +40,6 @@ def test_every_mounted_file_and_folder_exists(name: str) -> None:
     build = service.get("build")
     if isinstance(build, dict):
         assert (ROOT / build.get("context", ".") / build["dockerfile"]).exists()
-
-
-def batchlens_services() -> list[str]:
-    return [name for name, s in COMPOSE["services"].items() if s.get("image") == "batchlens:local"]
 
 
 @pytest.mark.parametrize("name", batchlens_services())
@@ -121,6 +101,21 @@ def test_the_image_runs_as_a_user_with_a_healthcheck() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^USER batchlens$", dockerfile, re.M) and "HEALTHCHECK" in dockerfile
     assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+
+
+@pytest.mark.parametrize("path", ["Dockerfile", "docker/vllm.Dockerfile"])
+def test_each_image_installs_the_wheel_and_only_the_wheel(path: str) -> None:
+    """What an image runs is what users install: a wheel built in a first stage from what the sdist needs.
+    (tests/test_install.py runs the compose commands from such a wheel.)"""
+    first, *_, last = re.split(r"^FROM ", (ROOT / path).read_text(), flags=re.M)[1:]
+    assert first.splitlines()[0].endswith(" AS wheel") and "pip wheel --no-cache-dir --no-deps" in first
+    copied = {word for line in first.splitlines() if line.startswith("COPY ") for word in line.split()[1:-1]}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert {"pyproject.toml", "src", project["readme"], *project["license-files"]} <= copied, copied
+    assert "COPY --from=wheel /dist" in last and re.search(
+        r"pip install --no-cache-dir /tmp/dist/batchlens-\*\.whl", last
+    )
+    assert not re.search(r"^COPY (?!--from)", last, re.M), "the final stage copies the source, not the wheel"
 
 
 def test_the_stacks_addresses_come_from_one_table() -> None:

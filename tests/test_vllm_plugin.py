@@ -1,7 +1,8 @@
 """The batchlens plugin inside a real vLLM 0.32 on the CPU. No fakes.
 
-The session's server (tests/conftest.py) loads the plugin as a user would:
-pip-installed, ``VLLM_PLUGINS=batchlens``, ``BATCHLENS_ADMIN_TOKEN`` set. Two
+The session's server (tests/conftest.py) loads the plugin as a user would: the
+wheel built from this checkout, pip-installed, ``VLLM_PLUGINS=batchlens``,
+``BATCHLENS_ADMIN_TOKEN`` set. Two
 smaller servers of this module's own cover data parallelism and a server with
 no token (``--enforce-eager`` keeps their start under a minute).
 """
@@ -16,10 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from batchlens.admin_api import TOKEN_ENV
+from batchlens.admin_api import INFO_PATH, TOKEN_ENV
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
 from harness.exporter import parse_samples, pick
-from harness.vllm import ADMIN_TOKEN, VllmServer, start_vllm, vllm_python
+from harness.vllm import ADMIN_TOKEN, VLLM_VERSION, VllmServer, start_vllm, vllm_python
+from harness.wheel import Distributions
 
 pytestmark = pytest.mark.vllm
 
@@ -59,6 +61,12 @@ def session_admin(vllm_server: VllmServer) -> Iterator[AdminClient]:
 
 def test_the_admin_api_keeps_its_contract(session_admin: AdminClient) -> None:
     check_contract(session_admin, CAPACITY)
+
+
+def test_the_plugin_vllm_loaded_is_the_wheels(session_admin: AdminClient, distributions: Distributions) -> None:
+    status, info = session_admin.request("GET", INFO_PATH)
+    assert status == 200 and info["batchlens_version"] == distributions.version, info
+    assert info["vllm_version"] == VLLM_VERSION, info
 
 
 def test_a_lowered_limit_holds_under_load_and_a_raised_one_lets_the_batch_grow(

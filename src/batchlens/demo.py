@@ -3,9 +3,10 @@
 It starts the simulator, a load generator, the exporter, the remediation hook,
 Prometheus and Alertmanager, and Grafana when a ``grafana-server`` (or
 ``grafana``) binary is on the PATH. They run the same provisioning files as
-docker compose: Prometheus' config, the rules and the Alertmanager routing are
-copied into the run folder with this stack's addresses (see stack.py). Each
-service logs to ``RUN/logs/<service>.log``. A missing Prometheus, Alertmanager
+docker compose: `batchlens build` writes the rules, the dashboards and the
+provisioning into ``RUN/stack`` with this stack's addresses (see stack.py), from
+the installed package alone, so the demo needs no checkout. Each service logs
+to ``RUN/logs/<service>.log``. A missing Prometheus, Alertmanager
 or Grafana is reported with the command that installs it, and the rest starts.
 Ctrl-C (or SIGTERM) stops everything, newest first, and waits for it.
 """
@@ -27,7 +28,9 @@ from pathlib import Path
 
 import yaml
 
-from batchlens.stack import PROVISIONING, ROOT, alertmanager_config, native, prometheus_targets
+from batchlens.artifacts import build
+from batchlens.config import Config
+from batchlens.stack import alertmanager_config, native, template
 
 log = logging.getLogger("batchlens.demo")
 BATCHLENS = [sys.executable, "-m", "batchlens"]
@@ -62,8 +65,10 @@ def secret(path: Path) -> str:
 
 class Demo:
     def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 4.0,
-                 max_num_seqs: int = 64):  # fmt: skip
+                 max_num_seqs: int = 64, config: Config | None = None):  # fmt: skip
         self.run = run_dir.resolve()
+        self.stack = self.run / "stack"  # alerts/, dashboards/, provisioning/ as `batchlens build` writes them
+        self.config = config or Config()  # its thresholds shape the rules and dashboards
         self.offset, self.speed, self.rate, self.max_num_seqs = offset, speed, rate, max_num_seqs
         self.address = native(offset)
         self.services: list[Service] = []
@@ -75,6 +80,7 @@ class Demo:
     def prepare(self) -> list[Service]:
         """Write the run folder's config files and list the services to start, in order."""
         (self.run / "logs").mkdir(parents=True, exist_ok=True)
+        build(self.config, self.stack, check=False, address=self.address)
         admin, webhook = secret(self.run / "admin-token"), self.run / "webhook-token"
         secret(webhook)
         tokens = {"BATCHLENS_ADMIN_TOKEN": admin, "BATCHLENS_WEBHOOK_TOKEN": webhook.read_text().strip()}
@@ -97,8 +103,8 @@ class Demo:
         alertmanager = find("prometheus-alertmanager", "alertmanager")
         if alertmanager:
             am_config = self.run / "alertmanager.yml"
-            template = (PROVISIONING / "alertmanager" / "alertmanager.yml").read_text()
-            am_config.write_text(alertmanager_config(template, self.address, str(webhook)))
+            am_config.write_text(alertmanager_config(template("alertmanager/alertmanager.yml"), self.address,
+                                                     str(webhook)))  # fmt: skip
             services.append(Service("alertmanager", [
                 alertmanager, f"--config.file={am_config}", f"--storage.path={self.run / 'alertmanager'}",
                 f"--web.listen-address={self.address('alertmanager')}", "--cluster.listen-address=",
@@ -108,7 +114,8 @@ class Demo:
         prometheus = find("prometheus")
         if prometheus:
             services.append(Service("prometheus", [
-                prometheus, f"--config.file={self._prometheus_config()}",
+                # Its rule and target paths are relative to the file, and the build put them beside it.
+                prometheus, f"--config.file={self.stack / 'provisioning' / 'prometheus' / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.run / 'prometheus' / 'data'}",
                 f"--web.listen-address={self.address('prometheus')}",
             ], self.url("prometheus") + "/-/ready"))  # fmt: skip
@@ -125,30 +132,15 @@ class Demo:
         ], ""))  # fmt: skip
         return services
 
-    def _prometheus_config(self) -> Path:
-        """provisioning/prometheus/prometheus.yml with absolute rule paths and this stack's targets."""
-        folder = self.run / "prometheus"
-        (folder / "targets").mkdir(parents=True, exist_ok=True)
-        for name, text in prometheus_targets(self.address).items():
-            (folder / "targets" / name).write_text(text)
-        config = yaml.safe_load((PROVISIONING / "prometheus" / "prometheus.yml").read_text())
-        here = PROVISIONING / "prometheus"
-        config["rule_files"] = [str((here / rule).resolve()) for rule in config["rule_files"]]
-        for job in [*config["scrape_configs"], *config["alerting"]["alertmanagers"]]:
-            for sd in job.get("file_sd_configs", []):
-                sd["files"] = [str(folder / f) for f in sd["files"]]
-        path = folder / "prometheus.yml"
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        return path
-
     def _grafana(self, binary: str) -> Service:
         home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
         argv = [binary, *(["server"] if binary.endswith("/grafana") else []), *(["--homepath", home] if home else [])]
         env = {
-            "GF_PATHS_PROVISIONING": str(PROVISIONING / "grafana"), "GF_PATHS_DATA": str(self.run / "grafana"),
+            "GF_PATHS_PROVISIONING": str(self.stack / "provisioning" / "grafana"),
+            "GF_PATHS_DATA": str(self.run / "grafana"),
             "GF_SERVER_HTTP_ADDR": "127.0.0.1", "GF_SERVER_HTTP_PORT": str(3000 + self.offset),
             "BATCHLENS_PROMETHEUS_URL": self.url("prometheus"), "BATCHLENS_ALERTMANAGER_URL": self.url("alertmanager"),
-            "BATCHLENS_DASHBOARDS_DIR": str(ROOT / "dashboards"),
+            "BATCHLENS_DASHBOARDS_DIR": str(self.stack / "dashboards"),
         }  # fmt: skip
         return Service("grafana", argv, self.url("grafana") + "/api/health", env)
 

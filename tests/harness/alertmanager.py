@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from batchlens.stack import PROVISIONING, alertmanager_config
+from batchlens.stack import alertmanager_config, template
 from harness.procs import Process, free_port, http_get
 from harness.prometheus import require_binary
 
@@ -19,8 +19,8 @@ def local_config(out: Path, hook_url: str, token: str, breaker_timing: dict[str,
     token_file = out.with_suffix(".token")
     token_file.write_text(token)
     hook = urlsplit(hook_url).netloc
-    template = (PROVISIONING / "alertmanager" / "alertmanager.yml").read_text()
-    config = yaml.safe_load(alertmanager_config(template, lambda service: hook, str(token_file)))
+    rendered = alertmanager_config(template("alertmanager/alertmanager.yml"), lambda service: hook, str(token_file))
+    config = yaml.safe_load(rendered)
     next(r for r in config["route"]["routes"] if r["receiver"] == "remediation").update(breaker_timing or {})
     out.write_text(yaml.safe_dump(config))
     return out

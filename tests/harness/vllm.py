@@ -5,10 +5,10 @@ The model is a tiny random Llama that needs no download: ``--load-format dummy``
 with ``--skip-tokenizer-init``, so prompts are token-id lists. Startup takes about
 a minute on two cores, so tests share one server per session.
 
-The batchlens plugin goes in as a user would put it in: ``pip install`` of this
-checkout, built by the vLLM environment's own pip (into a folder on the server's
-PYTHONPATH, so that the shared environment is never changed), then
-``VLLM_PLUGINS=batchlens`` and ``BATCHLENS_ADMIN_TOKEN``.
+The batchlens plugin goes in as a user would put it in: ``pip install`` of the
+wheel built from this checkout (harness/wheel.py), by the vLLM environment's own
+pip, into a folder on the server's PYTHONPATH (so that the shared environment is
+never changed), then ``VLLM_PLUGINS=batchlens`` and ``BATCHLENS_ADMIN_TOKEN``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import threading
 import urllib.request
@@ -30,7 +29,6 @@ import pytest
 from harness.procs import Process, free_port, http_get
 
 VLLM_VERSION = "0.32.0"
-REPO = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "test-admin-token"
 DEFAULT_VENV = Path.home() / ".cache" / "batchlens" / f"vllm-{VLLM_VERSION}"
 MODEL_NAME = "tiny-llama"
@@ -66,16 +64,14 @@ def vllm_python() -> Path:
     return python
 
 
-def install_plugin(target: Path) -> dict[str, str]:
-    """``pip install`` this checkout (no dependencies: vLLM has them) into ``target``; the env that loads it."""
-    shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools' build folder would keep deleted modules
+def install_plugin(wheel: Path, target: Path) -> dict[str, str]:
+    """``pip install`` the built wheel (no dependencies: vLLM has them) into ``target``; the env that loads it."""
     result = subprocess.run(
-        [str(vllm_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(REPO)],
+        [str(vllm_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
         capture_output=True, text=True, cwd=target.parent,
     )  # fmt: skip
     if result.returncode != 0:
-        pytest.fail(f"pip install of batchlens into the vLLM environment failed:\n{result.stderr[-3000:]}")
+        pytest.fail(f"pip install of {wheel.name} into the vLLM environment failed:\n{result.stderr[-3000:]}")
     return {"PYTHONPATH": str(target), "VLLM_PLUGINS": "batchlens"}
 
 

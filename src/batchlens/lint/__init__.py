@@ -13,12 +13,14 @@ import difflib
 import json
 import shlex
 from dataclasses import asdict, dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-TABLE = Path(__file__).with_name("vllm_0_32_args.json")
+#: Package data (read through importlib.resources, so that an installed wheel finds it too).
+TABLE = files("batchlens.lint") / "vllm_0_32_args.json"
 
 #: Keys vLLM does not have (any more), with what to use instead. Keys are dotted paths below the root.
 OBSOLETE: dict[str, str] = {
