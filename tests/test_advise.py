@@ -20,10 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from batchlens.advise.decide import decide, peak_to_trough
-from batchlens.advise.evidence import Evidence
+from batchlens.advise.evidence import Evidence, LimitSeen
 from batchlens.advise.text import format_advice
 from batchlens.arrivals import ArrivalMetrics
-from batchlens.sweep.knee import Point
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from harness.exporter import BATCHLENS, ExporterProcess
 from harness.procs import Process
@@ -95,7 +94,8 @@ def test_peak_to_trough_with_idle_spells_is_unbounded():
 
 
 def test_batch_limit_is_the_knee_of_the_operating_points_seen():
-    points = [Point(4, 278, 0.1), Point(8, 434, 0.2), Point(16, 524, 0.3), Point(32, 448, 0.9)]
+    points = [LimitSeen(4, 278, 0.1, requests=500), LimitSeen(8, 434, 0.2, requests=500),
+              LimitSeen(16, 524, 0.3, requests=500), LimitSeen(32, 448, 0.9, requests=500)]  # fmt: skip
     advice = decide(Evidence(**{**vars(BURSTY), "limits": points}), requirement=0.5, latency="ttft")
     assert recommendation(advice, "batch limit").value == "16 (the knee)"
     assert recommendation(advice, "max_num_seqs").value == "32"
@@ -104,14 +104,27 @@ def test_batch_limit_is_the_knee_of_the_operating_points_seen():
     overloaded = decide(Evidence(**{**vars(BURSTY), "limits": points}), requirement=0.05, latency="ttft")
     assert recommendation(overloaded, "batch limit").value == "16 (none meets the SLO)"
     assert "add capacity" in recommendation(overloaded, "batch limit").evidence
-    one = decide(Evidence(**{**vars(BURSTY), "limits": [Point(32, 448, 0.9)]}), requirement=0.5, latency="ttft")
+    one = decide(Evidence(**{**vars(BURSTY), "limits": [LimitSeen(32, 448, 0.9, requests=500)]}), requirement=0.5,
+                 latency="ttft")  # fmt: skip
     assert recommendation(one, "batch limit").value == "16 (halve)"
     assert "batchlens sweep" in recommendation(one, "batch limit").evidence
 
 
+def test_a_verdict_needs_enough_requests_and_every_limit_seen_is_listed():
+    few = [LimitSeen(4, 278, 0.1, requests=500), LimitSeen(8, 434, 0.2, requests=40)]
+    advice = decide(Evidence(**{**vars(BURSTY), "limits": few}), requirement=0.5, latency="ttft")
+    limit = recommendation(advice, "batch limit")
+    assert limit.value == "4 (keep)" and "8: 434 tok/s, P99 0.2s over 40 requests" in limit.evidence
+    none = decide(Evidence(**{**vars(BURSTY), "limits": few[1:]}), requirement=0.5, latency="ttft")
+    assert recommendation(none, "batch limit").value == "no recommendation (too little evidence)"
+    assert not [r for r in none.recommendations if r.setting == "max_num_seqs"]
+    quiet = decide(Evidence(**{**vars(BURSTY), "requests": 60}), requirement=0.5, latency="ttft")
+    assert quiet.continuous is None and "at least 100" in recommendation(quiet, "serving mode").evidence
+
+
 def test_text_shows_the_table_and_the_reasons():
     text = format_advice(decide(BURSTY, requirement=0.5, latency="ttft"))
-    assert "bursty: 5000 requests over 3600s -> continuous batching" in text
+    assert "bursty: 5000 requests over 3600s of data -> continuous batching" in text
     assert "inf (idle spells)" in text and "60%" in text and text.count("because") >= 5
 
 

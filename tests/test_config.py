@@ -82,7 +82,7 @@ def test_validation_errors_name_the_key_and_the_expected_value(data, key, expect
     with pytest.raises(ConfigError) as err:
         load_config(overrides=data, environ={})
     message = str(err.value)
-    assert f"  {key}: " in message and expected in message, message
+    assert f" {key}: " in message and expected in message, message
 
 
 def test_duplicate_engine_names_are_refused() -> None:

@@ -16,7 +16,8 @@ import yaml
 from batchlens.config import Thresholds, load_config
 from batchlens.dashboards import dashboards
 from batchlens.dashboards.kit import SCHEMA_VERSION, UIDS
-from batchlens.report.data import Point, Report, align, parse_matrix
+from batchlens.prometheus_api import parse_matrix
+from batchlens.report.data import Point, Report, align
 from batchlens.report.render import write
 from harness.exporter import BATCHLENS
 from harness.grafana import walk_panels

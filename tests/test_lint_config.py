@@ -68,6 +68,36 @@ def test_a_serve_command_line_is_checked_flag_by_flag(tmp_path) -> None:
     assert done.returncode == 1 and [f["key"] for f in json.loads(done.stdout)] == [f.key for f in got]
 
 
+@pytest.mark.parametrize(
+    ("line", "key", "said"),
+    [
+        ("vllm serve m --max-num-seqs abc", "max_num_seqs", "must be an integer, not 'abc'"),
+        ("vllm serve m --kv-cache-dtype fp9", "kv_cache_dtype", "did you mean fp8?"),
+        ("vllm serve m --gpu-memory-utilization 1.5", "gpu_memory_utilization", "must be (0, 1]"),
+        ("vllm serve m --gpu-memory-utilization 0", "gpu_memory_utilization", "must be (0, 1]"),
+        ("vllm serve m --max-num-seqs -4", "max_num_seqs", "-4 is out of range: must be >= 1"),
+        ("vllm serve m --enforce-eager maybe", "enforce_eager", "must be true or false"),
+    ],
+)
+def test_values_vllm_refuses_are_errors_with_why(tmp_path, line: str, key: str, said: str) -> None:
+    """Types, choices and ranges come from the argument table (made from vLLM's own parser)."""
+    cmd = tmp_path / "serve.sh"
+    cmd.write_text(line + "\n")
+    root, settings = read(cmd, ARGS)
+    [finding] = lint(settings, ARGS, root=root)
+    assert (finding.level, finding.key) == ("error", key) and said in finding.message, finding
+
+
+def test_a_python_launcher_and_malformed_yaml_are_read_as_written(tmp_path) -> None:
+    settings = parse_command_line("python -m vllm.entrypoints.openai.api_server --model m --max-num-seqs 8", ARGS)
+    assert settings == {"model": "m", "max_num_seqs": 8}
+    assert lint(settings, ARGS) == []
+    broken = tmp_path / "engine.yaml"
+    broken.write_text("engine_config:\n  max_num_seqs: 8\n bad: [\n")
+    done = cli(str(broken))
+    assert done.returncode == 1 and "not valid YAML at line 3" in done.stderr, done.stderr
+
+
 def test_warnings_alone_exit_3_and_vllms_own_refusals_are_errors(tmp_path) -> None:
     warn = tmp_path / "warn.yaml"
     warn.write_text("max_num_seqs: 16\nmax_num_batched_tokens: 1000000\nmax_model_len: 2048\n")

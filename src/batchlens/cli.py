@@ -14,10 +14,37 @@ import yaml
 
 from batchlens import __version__
 from batchlens.admin_api import TOKEN_ENV
-from batchlens.config import Config, ConfigError, load_config, masked_dump, parse_engine_flag, parse_listen
+from batchlens.config import (
+    Config,
+    ConfigError,
+    http_url,
+    load_config,
+    masked_dump,
+    parse_engine_flag,
+    parse_listen,
+)
 from batchlens.load.plan import ARRIVALS
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 from batchlens.sweep.knee import DEFAULT_MIN_GAIN
+
+
+class HttpUrl(click.ParamType):
+    """An http(s) base URL, checked before any work starts; ``strip`` drops a suffix users often paste (/v1)."""
+
+    name = "url"
+
+    def __init__(self, example: str, strip: tuple[str, ...] = ()):
+        self.example, self.strip = example, strip
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            url = http_url(str(value), self.example)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        for suffix in self.strip:
+            url = url.removesuffix(suffix)
+        return url
+
 
 config_option = click.option(
     "--config",
@@ -31,12 +58,18 @@ prometheus_option = click.option(
     "--prometheus",
     "prometheus_url",
     required=True,
+    type=HttpUrl("http://127.0.0.1:9090"),
     metavar="URL",
     help="Base URL of the Prometheus that scrapes the exporter and runs batchlens' recording rules.",
 )
 range_option = click.option(
     "--range", "range_", default="24h", show_default=True, metavar="DURATION",
     help="How far back to look, as a Prometheus duration (30m, 6h, 7d).",
+)  # fmt: skip
+
+prometheus_timeout_option = click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True, metavar="SECONDS",
+    help="How long one Prometheus query may take.",
 )  # fmt: skip
 
 min_gain_option = click.option(
@@ -161,6 +194,7 @@ def remediate(
           http_config: {authorization: {credentials_file: /etc/batchlens/webhook-token}}
     """
     from batchlens.remediation.server import serve
+    from batchlens.remediation.store import StoreError
 
     overrides = _flags("remediate", listen=listen, alertmanager_url=alertmanager_url, state_path=state_path)
     if dry_run:
@@ -170,6 +204,8 @@ def remediate(
         raise click.ClickException("no engines configured: the hook needs engines: in the config file")
     try:
         serve(config)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {config.remediate.listen}: {exc.strerror or exc}") from None
 
@@ -247,7 +283,13 @@ def _token_counts(value: str) -> tuple[int, ...]:
 
 
 @main.command()
-@click.option("--url", required=True, help="Base URL of an OpenAI-compatible server (vLLM, batchlens simulate).")
+@click.option(
+    "--url",
+    required=True,
+    type=HttpUrl("http://127.0.0.1:8000", strip=("/v1",)),
+    metavar="URL",
+    help="Base URL of an OpenAI-compatible server (vLLM, batchlens simulate); a trailing /v1 is fine.",
+)
 @click.option("--model", default=None, help="Model name; default: the first one /v1/models lists.")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="Mean requests per second.")  # fmt: skip
@@ -341,6 +383,8 @@ def build(config_path: str | None, root: str | None, check: bool) -> None:
                 "run it in one, or pass --root DIR to write the files there"
             )
         root = str(checkout)
+    if not check:
+        _writable_folder(root, "--root")
     config = _load(config_path, {})
     try:
         stale = write(config, Path(root), check=check)
@@ -357,41 +401,52 @@ def build(config_path: str | None, root: str | None, check: bool) -> None:
 @config_option
 @prometheus_option
 @range_option
+@prometheus_timeout_option
 @click.option("--out", type=click.Path(file_okay=False), default="batchlens-report", show_default=True,
               help="Folder for report.png and report.html.")  # fmt: skip
-def report(config_path: str | None, prometheus_url: str, range_: str, out: str) -> None:
+def report(config_path: str | None, prometheus_url: str, range_: str, timeout: float, out: str) -> None:
     """Write the batch efficiency trend report: a PNG and an HTML page.
 
     It shows what the overview dashboard shows, without Grafana: the operating
     points (throughput against P99, colored by GPU memory busy), the batch
     efficiency decay (tokens/s per running sequence against the batch), KV
-    blocks and memory bandwidth over time, and a table of averages per batch
+    blocks and GPU memory busy over time, and a table of averages per batch
     limit. The thresholds and the P99 latency come from the config.
+
+    --range is how far back it may look: on a young deployment the report
+    starts where the data starts, and its step follows the span it covers
+    (about 600 points), so a short history is drawn in detail. It needs
+    batchlens' recording rules (alerts/batchlens.rules.yml) in Prometheus.
     """
     import asyncio
     import time
-    from pathlib import Path
 
     import aiohttp
 
-    from batchlens.report.data import fetch
+    from batchlens.prometheus_api import Prometheus, PrometheusError, step_for
+    from batchlens.report.data import available, fetch
     from batchlens.report.render import write
 
     config = _load(config_path, {})
     seconds = _duration(range_, "--range")
-    end = time.time()
+    folder = _writable_folder(out, "--out")
+
+    async def load():
+        async with aiohttp.ClientSession() as session:
+            prometheus = Prometheus(session, prometheus_url, timeout)
+            start, end = await available(prometheus, config.thresholds, seconds, time.time())
+            return await fetch(prometheus, config.thresholds, start, end, step_for(end - start, REPORT_POINTS))
+
     try:
-        data = asyncio.run(fetch(prometheus_url, config.thresholds, end - seconds, end, max(seconds / 300, 1.0)))
-    except (TimeoutError, OSError, RuntimeError, ValueError, aiohttp.ClientError) as exc:
-        raise click.ClickException(f"cannot read {prometheus_url}: {exc}") from None
-    if not data.points:
-        raise click.ClickException(
-            f"no batchlens data in {prometheus_url} over the last {range_}: does it scrape the exporter "
-            "and load alerts/batchlens.rules.yml?"
-        )
-    png, page = write(data, Path(out))
-    click.echo(f"wrote {png} and {page} ({sum(len(p) for p in data.points.values())} points, "
-               f"{len(data.points)} engines)")  # fmt: skip
+        data = asyncio.run(load())
+    except PrometheusError as exc:
+        raise click.ClickException(str(exc)) from None
+    png, page = write(data, folder)
+    click.echo(f"wrote {png} and {page} ({sum(len(p) for p in data.points.values())} points over "
+               f"{data.end - data.start:.0f} s, {len(data.points)} engines)")  # fmt: skip
+
+
+REPORT_POINTS = 600
 
 
 @main.command()
@@ -432,18 +487,18 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
 @range_option
 @click.option(
     "--resolution",
-    default="5m",
-    show_default=True,
     metavar="DURATION",
-    help="The window of the QPS whose peak and trough are compared (the article's 5 minutes).",
+    help="The window of the QPS whose peak and trough are compared [default: the article's 5m, or a tenth of "
+    "the data on a young deployment].",
 )
 @slo_option
 @min_gain_option
+@prometheus_timeout_option
 @click.option("--engine", "engines", multiple=True, metavar="NAME", help="Only this vllm_instance (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
 def advise(
-    config_path: str | None, prometheus_url: str, range_: str, resolution: str, slo: float | None,
-    min_gain: float, engines: tuple[str, ...], as_json: bool,
+    config_path: str | None, prometheus_url: str, range_: str, resolution: str | None, slo: float | None,
+    min_gain: float, timeout: float, engines: tuple[str, ...], as_json: bool,
 ) -> None:  # fmt: skip
     """Decide continuous against static batching from real traffic, and recommend settings.
 
@@ -455,8 +510,12 @@ def advise(
     size, whether long prompts need their own instance, and the cold-path
     threshold (the P90 inter-arrival time), each with its evidence.
 
-    Inter-arrival times and the streaming share come from the batchlens vLLM
-    plugin (VLLM_PLUGINS=batchlens); without it they are unknown.
+    It looks at the data there is: --range is the most it looks back. Every
+    batch limit held for a few scrapes is listed with the requests behind its
+    P99, and a verdict needs at least 100 requests behind it; with less it says
+    so instead of guessing. Inter-arrival times and the streaming share come
+    from the batchlens vLLM plugin (VLLM_PLUGINS=batchlens); without it they are
+    unknown.
 
     \b
     Example:
@@ -468,17 +527,25 @@ def advise(
     import aiohttp
 
     from batchlens.advise.decide import decide
-    from batchlens.advise.evidence import fetch
+    from batchlens.advise.evidence import EvidenceError, fetch
     from batchlens.advise.text import format_advice
+    from batchlens.prometheus_api import Prometheus, PrometheusError
 
     config = _load(config_path, {})
-    seconds, step = _duration(range_, "--range"), _duration(resolution, "--resolution")
-    if step * 2 > seconds:
-        raise click.BadParameter("must be at most half of --range", param_hint="--resolution")
+    seconds = _duration(range_, "--range")
+    step = None if resolution is None else _duration(resolution, "--resolution")
+    if step is not None and step <= 0:
+        raise click.BadParameter("must be longer than 0s", param_hint="--resolution")
+
+    async def gather() -> list:
+        async with aiohttp.ClientSession() as session:
+            prometheus = Prometheus(session, prometheus_url, timeout)
+            return await fetch(prometheus, config.thresholds, seconds=seconds, resolution=step, end=time.time())
+
     try:
-        found = asyncio.run(fetch(prometheus_url, config.thresholds, seconds=seconds, resolution=step, end=time.time()))
-    except (TimeoutError, OSError, RuntimeError, ValueError, aiohttp.ClientError) as exc:
-        raise click.ClickException(f"cannot read {prometheus_url}: {exc}") from None
+        found = asyncio.run(gather())
+    except (PrometheusError, EvidenceError) as exc:
+        raise click.ClickException(str(exc)) from None
     found = [e for e in found if not engines or e.vllm_instance in engines]
     if not found:
         raise click.ClickException(
@@ -510,6 +577,7 @@ def _duration(value: str, flag: str) -> float:
     "--engine",
     "engine_url",
     required=True,
+    type=HttpUrl("http://127.0.0.1:8000"),
     metavar="URL",
     help="Base URL of the vLLM server (or `batchlens simulate`) with the batchlens admin API.",
 )
@@ -529,7 +597,7 @@ def _duration(value: str, flag: str) -> float:
 @click.option("--output-tokens", default="128", show_default=True, help="Output lengths to draw from.")
 @click.option(
     "--latency",
-    type=click.Choice(["ttft", "e2e"]),
+    type=click.Choice(["ttft", "itl", "e2e"]),
     default=None,
     help="The latency the SLO is about [default: thresholds.p99_latency].",
 )
@@ -538,6 +606,7 @@ def _duration(value: str, flag: str) -> float:
 @click.option(
     "--exporter",
     "exporter_url",
+    type=HttpUrl("http://127.0.0.1:9400"),
     metavar="URL",
     help="The batchlens exporter watching the engine's GPUs, for memory busy and DRAM bandwidth.",
 )
@@ -573,23 +642,23 @@ def sweep(
       BATCHLENS_ADMIN_TOKEN=s3cret batchlens sweep --engine http://127.0.0.1:8000 \\
           --exporter http://127.0.0.1:9400 --vllm-instance deepseek-a
     """
-    import asyncio
-    from pathlib import Path
 
     import aiohttp
 
     from batchlens.remediation.admin_client import AdminCallError
+    from batchlens.stopping import Stopped, run_stoppable
     from batchlens.sweep.knee import Point, find_knee
     from batchlens.sweep.output import table, write_csv, write_png
     from batchlens.sweep.run import Sweep, SweepError, SweepSpec
 
     config = _load(config_path, {})
-    latency = latency or (config.thresholds.p99_latency if config.thresholds.p99_latency != "itl" else "ttft")
+    latency = latency or config.thresholds.p99_latency
     slo = slo or config.thresholds.p99_seconds
     spec = SweepSpec(
         limits=_token_counts(limits), settle_seconds=settle, measure_seconds=measure, load_factor=load_factor,
         prompt_tokens=_token_counts(prompt_tokens), output_tokens=_token_counts(output_tokens), seed=seed,
     )  # fmt: skip
+    folder = _writable_folder(out, "--out")  # before the sweep, not after it
     total = math.ceil(spec.settle_seconds) + math.ceil(spec.measure_seconds)
 
     async def run(bar) -> list:
@@ -602,20 +671,36 @@ def sweep(
     label = f"sweeping {len(spec.limits)} limits"
     try:
         with click.progressbar(length=total * len(spec.limits), label=label, file=sys.stderr) as bar:
-            steps = asyncio.run(run(bar))
-    except (SweepError, AdminCallError) as exc:
+            steps = run_stoppable(run(bar))
+    except Stopped as exc:
+        click.echo(f"\nsweep {exc}: see the log above for the batch limit it put back", err=True)
+        sys.exit(exc.exit_code)
+    except (SweepError, AdminCallError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, aiohttp.ClientError, TimeoutError) as exc:
-        raise click.ClickException(f"cannot sweep {engine_url}: {exc}") from None
-    measure_of = {"ttft": "ttft_p99", "e2e": "e2e_p99"}[latency]
-    knee = find_knee([Point(s.limit, s.throughput, getattr(s, measure_of)) for s in steps], slo=slo,
+        raise click.ClickException(f"cannot sweep {engine_url}: {exc or type(exc).__name__}") from None
+    knee = find_knee([Point(s.limit, s.throughput, getattr(s, f"{latency}_p99")) for s in steps], slo=slo,
                      min_gain=min_gain)  # fmt: skip
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     write_csv(steps, knee, folder / "sweep.csv")
     write_png(steps, knee, folder / "sweep.png", slo=slo, latency=latency.upper(), title=engine_url)
     click.echo(table(steps, knee))
+    click.echo(f"knee judged on P99 {latency.upper()} against {slo:g}s")
     click.echo(f"wrote {folder / 'sweep.csv'} and {folder / 'sweep.png'}")
+
+
+def _writable_folder(path: str, flag: str):
+    """The folder an output goes to, made if missing and proven writable now, before any long work."""
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write to {path}: {exc.strerror or exc}", param_hint=flag) from None
+    return folder
 
 
 @main.command("lint-config")

@@ -61,6 +61,18 @@ def _check_listen(value: str) -> str:
 Listen = Annotated[str, AfterValidator(_check_listen)]
 
 
+def http_url(value: str, example: str = "http://127.0.0.1:8000") -> str:
+    """A base URL, checked: http or https, a host, a valid port; returned without a trailing slash."""
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http(s) URL such as {example}, got {value!r}")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ValueError(f"bad port in {value!r}: {exc}") from None
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
 class Engine(_Section):
     """One vLLM server (an API server, which may front several engine cores)."""
 
@@ -75,14 +87,7 @@ class Engine(_Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"expected an http(s) URL such as http://127.0.0.1:8000, got {value!r}")
-        try:
-            parts.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            raise ValueError(f"bad port in {value!r}: {exc}") from None
-        return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        return http_url(value)
 
     @model_validator(mode="after")
     def _default_name(self) -> Engine:
@@ -153,6 +158,11 @@ class Remediate(_Section):
     webhook_token_env: str = "BATCHLENS_WEBHOOK_TOKEN"
     state_path: str = "batchlens-state.sqlite"
     alertmanager_url: str = Field("", description="Alertmanager to page through (API v2); empty: log pages only")
+
+    @field_validator("alertmanager_url")
+    @classmethod
+    def _alertmanager_url(cls, value: str) -> str:
+        return http_url(value, "http://127.0.0.1:9093") if value.strip() else ""
 
 
 class Config(_Section):
@@ -228,9 +238,11 @@ def _format_errors(exc: ValidationError, origin: str) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see `batchlens config show` for every key)"
-        elif "input" in err and err["type"] != "missing":
+        elif "input" in err and err["type"] != "missing" and repr(err["input"]) not in msg:
             msg += f" (got {err['input']!r})"
         lines.append(f"  {key}: {msg}")
+    if len(lines) == 2:  # one error: one line
+        return f"{lines[0][:-1]}: {lines[1].strip()}"
     return "\n".join(lines)
 
 

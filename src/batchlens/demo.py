@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ import yaml
 
 from batchlens.artifacts import build
 from batchlens.config import Config
-from batchlens.stack import alertmanager_config, native, template
+from batchlens.stack import SERVICES, alertmanager_config, native, template
 
 log = logging.getLogger("batchlens.demo")
 BATCHLENS = [sys.executable, "-m", "batchlens"]
@@ -144,9 +145,38 @@ class Demo:
         }  # fmt: skip
         return Service("grafana", argv, self.url("grafana") + "/api/health", env)
 
+    def log_path(self, service: Service) -> Path:
+        return self.run / "logs" / f"{service.name}.log"
+
+    def why(self, service: Service) -> str:
+        """A dead service's exit code and the last line of its log: the reason, not only where to find it."""
+        try:
+            lines = [line for line in self.log_path(service).read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            lines = []
+        last = lines[-1].strip() if lines else "(its log is empty)"
+        return f"{service.name} exited with {service.process.returncode}: {last} (log: {self.log_path(service)})"
+
+    def check_ports(self, services: list[Service]) -> None:
+        """Every port is free before anything starts: a stranger on a port would answer our health checks."""
+        for service in services:
+            if service.name not in SERVICES:
+                continue
+            host, port = self.address(service.name).rsplit(":", 1)
+            with socket.socket() as probe:
+                try:
+                    probe.bind((host, int(port)))
+                except OSError as exc:
+                    raise RuntimeError(
+                        f"port {port} ({service.name}) on {host} is taken ({exc.strerror}): stop what listens there, "
+                        "or run with --port-offset N"
+                    ) from None
+
     def start(self, timeout: float = 60) -> None:
-        for service in self.prepare():
-            out = open(self.run / "logs" / f"{service.name}.log", "ab")  # noqa: SIM115 - the child owns it
+        services = self.prepare()
+        self.check_ports(services)
+        for service in services:
+            out = open(self.log_path(service), "ab")  # noqa: SIM115 - the child owns it
             service.process = subprocess.Popen(
                 service.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, **service.env}, cwd=self.run, process_group=0,
@@ -161,8 +191,7 @@ class Demo:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if service.process.poll() is not None:
-                raise RuntimeError(f"{service.name} exited with {service.process.returncode}: see "
-                                   f"{self.run / 'logs' / (service.name + '.log')}")  # fmt: skip
+                raise RuntimeError(self.why(service))
             try:
                 with urllib.request.urlopen(service.health, timeout=2) as reply:
                     if reply.status == 200:
@@ -204,22 +233,27 @@ class Demo:
 
 
 def run(demo: Demo) -> None:
-    """Start, print the URLs, wait for Ctrl-C or SIGTERM, stop."""
+    """Start, print the URLs, wait for Ctrl-C or SIGTERM, stop. A service that dies raises, with its reason."""
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    failed = None
     try:
         demo.start()
         print(demo.summary(), flush=True)
         (demo.run / "status.json").write_text(json.dumps(demo.status()))
         while not stopping:
-            dead = [s.name for s in demo.services if s.process.poll() is not None and s.name != "load"]
+            dead = [s for s in demo.services if s.process.poll() is not None and s.name != "load"]
             if dead:
-                log.error("%s exited: see %s; stopping the demo", ", ".join(dead), demo.run / "logs")
+                failed = "; ".join(demo.why(s) for s in dead)
+                log.error("%s: stopping the demo", failed)
                 break
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
-        print("stopping ...", flush=True)
-        demo.stop()
-        print("stopped", flush=True)
+        if demo.services:
+            print("stopping ...", flush=True)
+            demo.stop()
+            print("stopped", flush=True)
+    if failed:
+        raise RuntimeError(failed)

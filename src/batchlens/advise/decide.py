@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from batchlens.advise.evidence import LONG_PROMPT_BOUND, Evidence
+from batchlens.advise.evidence import LONG_PROMPT_BOUND, Evidence, LimitSeen
 from batchlens.sweep.knee import DEFAULT_MIN_GAIN, find_knee
 
 CV_THRESHOLD = 0.7
@@ -26,6 +26,8 @@ LONG_SHARE_FOR_OWN_INSTANCE = 0.05  # the article's case: 8% of requests took 45
 CHUNK_FOR_LATENCY = 2048  # vLLM's advice for ITL with chunked prefill
 CHUNK_FOR_THROUGHPUT = 8192
 BLOCK_SIZE = 16
+#: Below this many requests a P99 is the slowest request, and the traffic's shape is noise: no verdict.
+MIN_REQUESTS = 100
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Advice:
     latency: str
     requirement: float
     p99_observed: float
+    resolution: float = math.nan  # the QPS window, seconds
     recommendations: list[Recommendation] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -107,12 +110,16 @@ def decide(e: Evidence, *, requirement: float, latency: str, min_gain: float = D
     table = criteria(e, requirement)
     known = [c for c in table if c.met is not None and c.name != "P99 requirement (s)"]
     met = [c.name for c in table if c.met]
-    continuous = bool(met) if known else None
-    advice = Advice(e.vllm_instance, e.seconds, e.requests, continuous, table, latency, requirement, e.p99_observed)
+    enough = e.requests >= MIN_REQUESTS
+    continuous = bool(met) if known and enough else None
+    advice = Advice(e.vllm_instance, e.seconds, e.requests, continuous, table, latency, requirement, e.p99_observed,
+                    resolution=e.resolution)  # fmt: skip
     add = advice.recommendations.append
 
     if continuous is None:
-        add(Recommendation("serving mode", "unknown", "no traffic in the range: widen --range"))
+        add(Recommendation("serving mode", "unknown (too little evidence)",
+                           f"{_fmt(e.requests)} requests in {e.seconds:.0f} s of data; at least {MIN_REQUESTS} are "
+                           "needed to judge the traffic: widen --range, or wait for more traffic"))  # fmt: skip
     elif continuous:
         add(
             Recommendation(
@@ -135,13 +142,14 @@ def decide(e: Evidence, *, requirement: float, latency: str, min_gain: float = D
     if (limit := _batch_limit(e, slo, latency, min_gain)) is not None:
         value, recommendation = limit
         add(recommendation)
-        add(
-            Recommendation(
-                "max_num_seqs",
-                str(2 * value),
-                f"at least twice the batch limit {value}, so the breaker and recovery have room",
+        if value is not None:
+            add(
+                Recommendation(
+                    "max_num_seqs",
+                    str(2 * value),
+                    f"at least twice the batch limit {value}, so the breaker and recovery have room",
+                )
             )
-        )
 
     if continuous is not None:
         chunk = CHUNK_FOR_LATENCY if continuous else max(CHUNK_FOR_THROUGHPUT, _pow2(e.prompt_p90))
@@ -195,33 +203,45 @@ def _pow2(value: float) -> int:
     return 1 << max(0, math.ceil(math.log2(value))) if value > 0 and not math.isnan(value) else 0
 
 
-def _batch_limit(e: Evidence, slo: float, latency: str, min_gain: float) -> tuple[int, Recommendation] | None:
-    """The batch limit to run, and why: the knee of the limits seen, or what one limit's P99 says."""
+def _seen(p: LimitSeen) -> str:
+    return f"{p.limit}: {p.throughput:.0f} tok/s, P99 {_fmt(p.p99, 's')} over {p.requests:.0f} requests"
+
+
+def _batch_limit(e: Evidence, slo: float, latency: str, min_gain: float) -> tuple[int | None, Recommendation] | None:
+    """The batch limit to run, and why: the knee of the limits seen, or what one limit's P99 says.
+
+    Only a limit with MIN_REQUESTS requests behind its P99 is judged; every limit seen is listed.
+    """
     shown = "none" if math.isinf(slo) else f"{slo:g}s"
-    if len(e.limits) >= 2:
-        knee = find_knee(e.limits, slo=slo, min_gain=min_gain)
-        points = ", ".join(
-            f"{p.limit}: {p.throughput:.0f} tok/s P99 {p.p99:.3g}s" for p in sorted(e.limits, key=lambda p: p.limit)
-        )
+    judged = [p for p in e.limits if p.requests >= MIN_REQUESTS and not math.isnan(p.p99 + p.throughput)]
+    seen = "; ".join(_seen(p) for p in sorted(e.limits, key=lambda p: p.limit))
+    if not e.limits:
+        return None
+    if not judged:
+        return None, Recommendation(
+            "batch limit", "no recommendation (too little evidence)",
+            f"no limit has the {MIN_REQUESTS} requests a P99 needs; seen: {seen}: widen --range, or run "
+            "`batchlens sweep` to measure each limit",
+        )  # fmt: skip
+    if len(judged) >= 2:
+        knee = find_knee(judged, slo=slo, min_gain=min_gain)
         if knee.limit is None:
             # Over the SLO at every limit is a capacity problem (often queueing): a smaller batch only
             # serves fewer. Run the limit that serves the most, and add replicas or relax the SLO.
-            best = max(e.limits, key=lambda p: p.throughput).limit
+            best = max(judged, key=lambda p: p.throughput).limit
             return best, Recommendation(
                 "batch limit", f"{best} (none meets the SLO)",
-                f"{knee.reason}: add capacity or relax the SLO; meanwhile {best} serves the most; seen: {points}",
+                f"{knee.reason}: add capacity or relax the SLO; meanwhile {best} serves the most; seen: {seen}",
             )  # fmt: skip
         return knee.limit, Recommendation(
-            "batch limit", f"{knee.limit} (the knee)", f"{knee.reason}; SLO {shown} on {latency}; seen: {points}"
+            "batch limit", f"{knee.limit} (the knee)", f"{knee.reason}; SLO {shown} on {latency}; seen: {seen}"
         )
-    if len(e.limits) == 1:
-        p = e.limits[0]
-        within = p.p99 <= slo
-        value = p.limit if within else max(1, p.limit // 2)
-        return value, Recommendation(
-            "batch limit",
-            f"{value} ({'keep' if within else 'halve'})",
-            f"only limit {p.limit} was seen (P99 {latency} {p.p99:.3g}s against {shown}); "
-            "run `batchlens sweep` to find the knee",
-        )
-    return None
+    p = judged[0]
+    within = p.p99 <= slo
+    value = p.limit if within else max(1, p.limit // 2)
+    return value, Recommendation(
+        "batch limit",
+        f"{value} ({'keep' if within else 'halve'})",
+        f"only limit {p.limit} has enough requests (P99 {latency} {p.p99:.3g}s against {shown}); seen: {seen}; "
+        "run `batchlens sweep` to find the knee",
+    )

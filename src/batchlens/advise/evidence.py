@@ -1,9 +1,16 @@
-"""What advise measures, per engine, over a range: one instant PromQL query per figure.
+"""What advise measures, per engine, over the data there is: one instant PromQL query per figure.
 
 The traffic's shape comes from the arrival series that the batchlens vLLM
 plugin (and the simulator) add (batchlens.arrivals); the request sizes and
-latencies from vLLM's own histograms; the operating points per batch limit
-from batchlens' recording rules, as in ``batchlens report``.
+latencies from vLLM's own histograms; throughput per batch limit from
+batchlens' recording rules, as in ``batchlens report``.
+
+Everything follows the data, not the flags alone: the span is where the data
+starts (a young deployment has less than --range), the tile that finds the
+batch limits is a few scrape intervals (so every limit held that long is
+seen), and each limit's P99 and request count come from vLLM's histogram
+counted over the tiles at that limit: the same requests and the same method as
+the overall P99, so the two can be compared.
 """
 
 from __future__ import annotations
@@ -11,10 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from batchlens.arrivals import INTERARRIVAL, INTERARRIVAL_SQUARES, REQUESTS
 from batchlens.config import Thresholds
+from batchlens.prometheus_api import Prometheus
 from batchlens.report.data import fetch as fetch_operating_points
 from batchlens.rules.recording import LATENCIES, either
 from batchlens.sweep.knee import Point
@@ -22,12 +28,30 @@ from batchlens.sweep.knee import Point
 BY = "by (vllm_instance)"
 # vLLM's token histograms have 1-2-5 buckets: 2000 is the bound nearest the article's 2048.
 LONG_PROMPT_BOUND = 2000
+#: A series every engine has, scraped at the exporter's pace: where the data starts, and how often.
+PRESENCE = "vllm:num_requests_running"
+ARTICLE_RESOLUTION = 300.0  # the article compares QPS over 5-minute windows
+WINDOWS_PER_SPAN = 10  # at least this many QPS windows over the data, for a peak and a trough
+TILES_PER_SPAN = 1000  # the finest tiling of the span that finds the batch limits
+SCRAPES_PER_TILE = 4  # a tile holds a few scrapes, so increase() within it is sound
+
+
+class EvidenceError(Exception):
+    """The evidence cannot be gathered as asked (a resolution the data cannot carry): the message says why."""
+
+
+@dataclass(frozen=True)
+class LimitSeen(Point):
+    """An operating point with what it rests on: requests served at the limit, and time spent there."""
+
+    requests: float = 0.0
+    seconds: float = 0.0
 
 
 @dataclass
 class Evidence:
     vllm_instance: str
-    seconds: float  # the range looked at
+    seconds: float  # the span of data looked at (at most --range)
     requests: float = math.nan
     interarrival_mean: float = math.nan
     interarrival_cv: float = math.nan
@@ -42,7 +66,8 @@ class Evidence:
     long_share: float = math.nan  # share of prompts over LONG_PROMPT_BOUND tokens
     stream_share: float = math.nan  # NaN: unknown (a vLLM without the batchlens plugin)
     p99_observed: float = math.nan
-    limits: list[Point] = field(default_factory=list)  # operating points per batch limit seen
+    resolution: float = math.nan  # the QPS window, seconds
+    limits: list[LimitSeen] = field(default_factory=list)  # every batch limit seen, in order
 
 
 def queries(latency: str, range_: str, resolution: str) -> dict[str, str]:
@@ -80,30 +105,58 @@ def queries(latency: str, range_: str, resolution: str) -> dict[str, str]:
     }
 
 
-async def instant(session: aiohttp.ClientSession, prometheus: str, expr: str, at: float) -> dict[str, float]:
-    """An instant query -> vllm_instance -> value (NaN kept: it means "no data in the range")."""
-    params = {"query": expr, "time": f"{at:.3f}"}
-    async with session.get(f"{prometheus.rstrip('/')}/api/v1/query", params=params) as reply:
-        body = await reply.json(content_type=None)
-        if reply.status != 200 or body.get("status") != "success":
-            raise RuntimeError(f"Prometheus refused {expr!r}: {reply.status} {body.get('error', body)}")
-    if body["data"]["resultType"] != "vector":
-        raise ValueError(f"expected a vector from Prometheus, got {body['data']['resultType']!r}")
-    return {s["metric"].get("vllm_instance", ""): float(s["value"][1]) for s in body["data"]["result"]}
+def per_limit_queries(latency: str, limit: int, range_: str, tile: str) -> dict[str, str]:
+    """Requests and P99 of the latency histogram over the tiles in which the batch limit was ``limit``."""
+    at_limit = f"and on (vllm_instance) (max {BY} (batchlens_batch_limit) == {limit})"
+
+    def over_tiles(inner: str, by: str) -> str:
+        return f"sum by ({by}) (sum_over_time((sum by ({by}) ({inner}) {at_limit})[{range_}:{tile}]))"
+
+    names = LATENCIES[latency]
+    buckets = [over_tiles(f"increase({n}_bucket[{tile}])", "vllm_instance, le") for n in names]
+    return {
+        "requests": either(*(over_tiles(f"increase({n}_count[{tile}])", "vllm_instance") for n in names)),
+        "p99": either(*(f"histogram_quantile(0.99, {b})" for b in buckets)),
+    }
 
 
 async def fetch(
-    prometheus: str, thresholds: Thresholds, *, seconds: float, resolution: float, end: float
+    prometheus: Prometheus, thresholds: Thresholds, *, seconds: float, resolution: float | None, end: float
 ) -> list[Evidence]:
-    range_, step = f"{int(seconds)}s", f"{max(int(resolution), 1)}s"
+    """The evidence per engine over the data in the last ``seconds`` (``resolution`` None: chosen from the data)."""
+    first = await prometheus.first_sample(f"count {BY} ({PRESENCE})", end - seconds, end)
+    if first is None:
+        return []
+    span = max(end - first, 1.0)
+    window = min(span, ARTICLE_RESOLUTION)
+    per_window = await prometheus.instant(f"max(count_over_time({PRESENCE}[{int(window)}s]))", end)
+    scrape = window / per_window[""] if per_window.get("", 0) > 1 else 15.0
+    tile = max(SCRAPES_PER_TILE * scrape, span / TILES_PER_SPAN)
+    if resolution is None:
+        resolution = min(ARTICLE_RESOLUTION, max(span / WINDOWS_PER_SPAN, tile))
+    elif resolution * 2 > span:
+        raise EvidenceError(
+            f"--resolution {resolution:g}s is more than half of the {span:.0f} s of data there is: "
+            f"pick at most {span / 2:.0f}s, or leave it out to choose from the data"
+        )
+    range_, step, tile_ = f"{int(span)}s", f"{max(int(resolution), 1)}s", f"{math.ceil(tile)}s"
     found: dict[str, Evidence] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        for name, expr in queries(thresholds.p99_latency, range_, step).items():
-            for instance, value in (await instant(session, prometheus, expr, end)).items():
-                setattr(found.setdefault(instance, Evidence(instance, seconds)), name, value)
-    report = await fetch_operating_points(prometheus, thresholds, end - seconds, end, max(seconds / 300, resolution))
+
+    def evidence(instance: str) -> Evidence:
+        return found.setdefault(instance, Evidence(instance, span, resolution=resolution))
+
+    for name, expr in queries(thresholds.p99_latency, range_, step).items():
+        for instance, value in (await prometheus.instant(expr, end)).items():
+            setattr(evidence(instance), name, value)
+    report = await fetch_operating_points(prometheus, thresholds, first, end, math.ceil(tile))
     for row in report.per_limit():
-        evidence = found.setdefault(row["vllm_instance"], Evidence(row["vllm_instance"], seconds))
-        if not (math.isnan(row["throughput"]) or math.isnan(row["p99"])):
-            evidence.limits.append(Point(row["batch_limit"], row["throughput"], row["p99"]))
+        figures = {
+            name: await prometheus.instant(expr, end)
+            for name, expr in per_limit_queries(thresholds.p99_latency, row["batch_limit"], range_, tile_).items()
+        }  # fmt: skip
+        instance = row["vllm_instance"]
+        evidence(instance).limits.append(LimitSeen(
+            row["batch_limit"], row["throughput"], figures["p99"].get(instance, math.nan),
+            requests=figures["requests"].get(instance, 0.0), seconds=row["samples"] * math.ceil(tile),
+        ))  # fmt: skip
     return [found[i] for i in sorted(found)]

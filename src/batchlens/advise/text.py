@@ -16,9 +16,13 @@ def _value(value: float, name: str) -> str:
 
 
 def format_advice(advice: Advice) -> str:
-    verdict = {True: "continuous batching", False: "static batching", None: "no verdict (no data)"}[advice.continuous]
+    verdict = {True: "continuous batching", False: "static batching", None: "no verdict (too little data)"}[
+        advice.continuous
+    ]
+    windows = "" if math.isnan(advice.resolution) else f", QPS in {advice.resolution:.0f}s windows"
+    requests = "no" if math.isnan(advice.requests) else f"{advice.requests:.0f}"
     lines = [
-        f"{advice.vllm_instance}: {advice.requests:.0f} requests over {advice.seconds:.0f}s -> {verdict}",
+        f"{advice.vllm_instance}: {requests} requests over {advice.seconds:.0f}s of data{windows} -> {verdict}",
         f"  {'criterion (article)':28} {'value':>16}  {'threshold':>10}  holds",
     ]
     for c in advice.criteria:

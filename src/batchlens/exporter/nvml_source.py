@@ -32,6 +32,8 @@ from functools import partial
 from types import ModuleType
 from typing import Any
 
+from prometheus_client.metrics_core import Metric
+
 from batchlens.config import Engine
 from batchlens.exporter import families as fam
 from batchlens.exporter.gpu_bandwidth import peak_bandwidth
@@ -218,6 +220,14 @@ class Gpu:
                 pair.free()
 
 
+NO_DRIVER: list[Gpu] = []  # _open's answer on a host without an NVIDIA driver (compared by identity)
+
+
+def _driver_present(present: bool) -> Metric:
+    doc = "1 when an NVIDIA driver answers NVML here; 0 on a host without one (the nvml source is then up, no GPUs)."
+    return fam.gauge("batchlens_nvml_driver_present", doc, [({}, 1.0 if present else 0.0)])
+
+
 class NvmlSource:
     kind = "nvml"
     labels: tuple[tuple[str, str], ...] = ()
@@ -242,6 +252,7 @@ class NvmlSource:
         self._gpus: list[Gpu] | None = None
         self._driver: dict[str, str] = {}
         self._static_checked = False
+        self._said_no_driver = False
 
     async def sample(self) -> Reading:
         models = dict(self._models())  # read on the event loop, where the vLLM sources write it
@@ -250,6 +261,8 @@ class NvmlSource:
     def sample_now(self, models: Mapping[str, str]) -> Reading:
         """One tick, blocking: NVML calls go to the driver."""
         gpus = self._open()
+        if gpus is NO_DRIVER:
+            return Reading(metrics=(_driver_present(False),))
         self._calls.soft.clear()
         readings: list[GpuReading] = []
         processes: list[GpuProcess] = []
@@ -278,6 +291,7 @@ class NvmlSource:
             process_owners(processes, own, devices, self._static),
         )
         metrics.append(fam.info("batchlens_nvml_info", "The NVIDIA driver and NVML library versions.", self._driver))
+        metrics.append(_driver_present(True))
         return Reading(metrics=tuple(metrics), soft_errors=tuple(self._calls.soft.items()))
 
     async def aclose(self, timeout: float = 2.0) -> None:
@@ -311,12 +325,23 @@ class NvmlSource:
     # -- discovery -------------------------------------------------------
 
     def _open(self) -> list[Gpu]:
-        """Initialise NVML once; until it works, every tick fails with the reason."""
+        """Initialise NVML once; until it works, every tick fails with the reason.
+
+        A host with no NVIDIA driver at all is a state, not an outage: the source is up
+        with no GPUs (``batchlens_nvml_driver_present 0``), said once in the log, and
+        NVML is tried again each tick in case a driver is loaded later.
+        """
         if self._gpus is not None:
             return self._gpus
         n = self._nvml
         try:
             n.nvmlInit()
+        except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as exc:
+            if not self._said_no_driver:
+                log.warning("nvml: no NVIDIA driver on this host (%s): no GPU metrics; set exporter.nvml: false "
+                            "to skip NVML on hosts without GPUs", exc)  # fmt: skip
+                self._said_no_driver = True
+            return NO_DRIVER
         except n.NVMLError as exc:
             raise SourceError(
                 error_reason(exc),

@@ -23,6 +23,7 @@ from batchlens.exporter.sampler import Sampler, Source, describe
 from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
 from batchlens.exporter.vllm_source import VllmSource
+from batchlens.http_server import run_app
 
 log = logging.getLogger("batchlens.exporter")
 
@@ -160,12 +161,12 @@ def serve(config: Config, *, access_log: bool = False) -> None:
     """Run the exporter until SIGINT or SIGTERM, then shut down cleanly."""
     host, port = parse_listen(config.exporter.listen)
     exporter = Exporter(config)
-    log.info("batchlens exporter %s listening on http://%s/metrics", __version__, config.exporter.listen)
-    web.run_app(
+    run_app(
         exporter.app(),
-        host=host,
-        port=port,
-        print=None,
+        host,
+        port,
+        logger=log,
+        ready=f"batchlens exporter {__version__} listening on http://{config.exporter.listen}/metrics",
         access_log=log if access_log else None,
         shutdown_timeout=5,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import shlex
 from dataclasses import asdict, dataclass
 from importlib.resources import files
@@ -59,22 +60,48 @@ def vllm_arguments() -> dict[str, dict]:
         return json.loads(TABLE.read_text())
     parser = make_arg_parser(FlexibleArgumentParser())
     return {
-        a.dest: {"flags": sorted(a.option_strings), "choices": sorted(a.choices, key=str) if a.choices else None}
+        a.dest: {
+            "flags": sorted(a.option_strings),
+            "choices": sorted(a.choices, key=str) if a.choices else None,
+            "type": _value_type(a),
+        }
         for a in parser._actions  # argparse has no public list of its actions
         if a.dest != "help"
     }
 
 
+def _value_type(action: Any) -> str | None:
+    """The type of one value of an argparse action, where a plain one: "int", "float", "bool" or "str"."""
+    if action.nargs == 0:
+        return "bool"  # a switch: --flag / --no-flag
+    if action.nargs is None and action.type in (int, float, str):
+        return action.type.__name__
+    return None  # lists, JSON and vLLM's own parsers: not checked here
+
+
+def _is_flag(word: str) -> bool:
+    """``--max-num-seqs`` is a flag; ``-4`` and ``-0.5`` are values."""
+    if not word.startswith("-"):
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False
+
+
 def parse_command_line(text: str, arguments: dict[str, dict]) -> dict[str, Any]:
-    """``vllm serve MODEL --flag value ...`` -> {dest: value}; an unknown flag keeps its name, with underscores."""
+    """``vllm serve MODEL --flag value ...`` -> {dest: value}; an unknown flag keeps its name, with underscores.
+
+    What comes before the arguments is the launcher, and is dropped: ``vllm serve``, or
+    ``python -m vllm.entrypoints.openai.api_server``.
+    """
     by_flag = {flag: dest for dest, arg in arguments.items() for flag in arg["flags"]}
     words = shlex.split(text.replace("\\\n", " "), comments=True)  # shell line continuations
-    while words and not words[0].startswith("-") and words[0] not in ("serve",):
-        words.pop(0)  # "vllm", "python", "-m ..." prefixes
-    if words and words[0] == "serve":
-        words.pop(0)
+    first_option = next((i for i, word in enumerate(words) if word.startswith("--")), len(words))
+    words = words[words.index("serve") + 1 :] if "serve" in words[:first_option] else words[first_option:]
     out: dict[str, Any] = {}
-    if words and not words[0].startswith("-"):
+    if words and not _is_flag(words[0]):
         out["model"] = words.pop(0)
     while words:
         word = words.pop(0)
@@ -84,27 +111,68 @@ def parse_command_line(text: str, arguments: dict[str, dict]) -> dict[str, Any]:
             out[dest] = False
         elif eq:
             out[dest] = yaml.safe_load(value)
-        elif words and not words[0].startswith("-"):
+        elif words and not _is_flag(words[0]):
             out[dest] = yaml.safe_load(words.pop(0))
         else:
             out[dest] = True
     return out
 
 
+def _looks_like_command_line(text: str) -> bool:
+    first = next((line.split() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")),
+                 [""])  # fmt: skip
+    return first[0] in ("vllm", "python", "python3", "serve") or first[0].startswith("--")
+
+
 def read(path: Path, arguments: dict[str, dict]) -> tuple[str, dict[str, Any]]:
     """(the root key the settings sit under, the settings) from a YAML file or a command line."""
     text = path.read_text()
+    if _looks_like_command_line(text):
+        return "", parse_command_line(text, arguments)
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        data = None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
     if isinstance(data, dict):
         if isinstance(data.get("engine_config"), dict) and len(data) == 1:
             return "engine_config", data["engine_config"]
         return "", data
-    if "--" in text or text.lstrip().startswith("vllm"):
-        return "", parse_command_line(text, arguments)
     raise ValueError(f"{path}: neither a YAML mapping of vLLM settings nor a `vllm serve` command line")
+
+
+#: Bounds vLLM enforces on values its parser alone accepts (int and float arguments):
+#: (lowest, highest, whether the lowest itself is allowed).
+RANGES: dict[str, tuple[float, float, bool]] = {
+    "gpu_memory_utilization": (0.0, 1.0, False),
+    "max_num_seqs": (1, math.inf, True),
+    "max_num_batched_tokens": (1, math.inf, True),
+    "block_size": (1, math.inf, True),
+    "tensor_parallel_size": (1, math.inf, True),
+    "pipeline_parallel_size": (1, math.inf, True),
+    "data_parallel_size": (1, math.inf, True),
+}
+
+
+def check_value(key: str, value: Any, argument: dict) -> str | None:
+    """Why vLLM would refuse ``value`` for the argument ``key``, or None: its type, its choices, its range."""
+    kind, choices = argument.get("type"), argument.get("choices")
+    numeric = {"int": int, "float": (int, float)}.get(kind or "")
+    if kind == "bool" and not isinstance(value, bool):
+        return f"must be true or false, not {value!r}"
+    if numeric and (isinstance(value, bool) or not isinstance(value, numeric)):
+        return f"must be {'an integer' if kind == 'int' else 'a number'}, not {value!r}"
+    if choices and str(value) not in {str(c) for c in choices}:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f"; did you mean {close[0]}?" if close else f" (choices: {', '.join(map(str, choices))})"
+        return f"{value!r} is not one of its choices{hint}"
+    if numeric and key in RANGES:
+        low, high, low_ok = RANGES[key]
+        if value > high or value < low or (value == low and not low_ok):
+            shown = f"{'[' if low_ok else '('}{low:g}, {high:g}]" if high != math.inf else f">= {low:g}"
+            return f"{value!r} is out of range: must be {shown}"
+    return None
 
 
 def lint(settings: dict[str, Any], arguments: dict[str, dict], *, root: str = "", max_batch: int | None = None):
@@ -124,6 +192,8 @@ def lint(settings: dict[str, Any], arguments: dict[str, dict], *, root: str = ""
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 findings.append(Finding("error", where(key), f"not a vLLM 0.32 argument{hint}"))
+            elif not prefix and (why := check_value(key, value, arguments[key])):
+                findings.append(Finding("error", where(key), f"vLLM refuses to start with it: {why}"))
 
     walk(settings, "")
     s = {str(k).replace("-", "_"): v for k, v in settings.items()}
@@ -134,9 +204,7 @@ def lint(settings: dict[str, Any], arguments: dict[str, dict], *, root: str = ""
     def add(level: str, key: str, message: str) -> None:
         findings.append(Finding(level, where(key), message))
 
-    if block is not None and (not isinstance(block, int) or block <= 0):
-        add("error", "block_size", f"must be a positive number of tokens, not {block!r}")
-    elif isinstance(block, int) and block % 16:
+    if isinstance(block, int) and block > 0 and block % 16:
         add("warning", "block_size", f"{block} is not a multiple of 16, which the GPU attention backends "
             "(FlashAttention, FlashInfer) need; use 16 (vLLM's default)")  # fmt: skip
     if isinstance(seqs, int) and max_batch is not None and seqs < 2 * max_batch:

@@ -16,13 +16,37 @@ def prompt(tokens: int) -> list[int]:
     return [3 + i % 1000 for i in range(tokens)]
 
 
-async def first_model(session: aiohttp.ClientSession, url: str) -> str:
-    async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-        resp.raise_for_status()
-        models = (await resp.json())["data"]
+async def first_model(session: aiohttp.ClientSession, url: str, timeout: float = 10) -> str:
+    """The first model the server lists; ValueError, saying what came back, when it is no OpenAI server."""
+    target = url + "/v1/models"
+    try:
+        async with session.get(target, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            status, text = resp.status, await resp.text(errors="replace")
+    except TimeoutError:
+        raise ValueError(f"{target} did not answer within {timeout:g} s") from None
+    except aiohttp.ClientError as exc:
+        raise ValueError(f"cannot read {target}: {exc or type(exc).__name__}") from None
+    if status != 200:
+        raise ValueError(f"{target} answered HTTP {status}, expected the OpenAI model list: {text[:80].strip()!r}")
+    try:
+        models = [model["id"] for model in json.loads(text)["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{target} did not answer an OpenAI model list: {text[:80].strip()!r}") from None
     if not models:
-        raise ValueError(f"{url}/v1/models lists no model")
-    return models[0]["id"]
+        raise ValueError(f"{target} lists no model")
+    return models[0]
+
+
+async def reason(resp: aiohttp.ClientResponse) -> str:
+    """What a server said when it refused a request: the OpenAI-style error message, or the body's start."""
+    text = (await resp.content.read(4096)).decode(errors="replace")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()[:200]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    message = error.get("message") or error.get("detail") if isinstance(error, dict) else error
+    return str(message or text)[:200]
 
 
 async def send(session: aiohttp.ClientSession, url: str, model: str, p: Planned, timeout: float) -> Result:
@@ -36,7 +60,7 @@ async def send(session: aiohttp.ClientSession, url: str, model: str, p: Planned,
             url + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
             if resp.status != 200:
-                return Result(p, False, f"http_{resp.status}")
+                return Result(p, False, f"http_{resp.status}", reason=await reason(resp))
             if not p.stream:
                 body = await resp.json()
                 return Result(p, True, e2e=loop.time() - started, output_tokens=body["usage"]["completion_tokens"])

@@ -82,6 +82,7 @@ class Result:
     ttft: float | None = None  # streamed requests only
     itl: tuple[float, ...] = ()  # gaps between streamed tokens
     output_tokens: int = 0
+    reason: str = ""  # a failed request: what the server said, if anything
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -95,9 +96,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def report(results: Sequence[Result], wall_seconds: float) -> dict:
     ok = [r for r in results if r.ok]
     errors: dict[str, int] = {}
+    reasons: dict[str, str] = {}  # error -> the first reason given for it
     for r in results:
         if not r.ok:
             errors[r.error] = errors.get(r.error, 0) + 1
+            if r.reason:
+                reasons.setdefault(r.error, r.reason)
 
     def summary(values: list[float]) -> dict[str, float | None]:
         return {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
@@ -106,6 +110,7 @@ def report(results: Sequence[Result], wall_seconds: float) -> dict:
         "requests": len(results),
         "succeeded": len(ok),
         "errors": errors,
+        "error_reasons": reasons,
         "seconds": wall_seconds,
         "requests_per_second": len(ok) / wall_seconds if wall_seconds else 0.0,
         "output_tokens_per_second": sum(r.output_tokens for r in ok) / wall_seconds if wall_seconds else 0.0,
@@ -118,6 +123,7 @@ def report(results: Sequence[Result], wall_seconds: float) -> dict:
 def format_report(rep: dict) -> str:
     lines = [
         f"requests {rep['requests']}, succeeded {rep['succeeded']}, errors {rep['errors'] or 'none'}",
+        *(f"  {error}: {reason}" for error, reason in rep["error_reasons"].items()),
         f"throughput {rep['requests_per_second']:.2f} req/s, {rep['output_tokens_per_second']:.1f} output tokens/s "
         f"over {rep['seconds']:.1f}s",
         f"{'latency (s)':12} {'p50':>9} {'p90':>9} {'p99':>9}",

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from batchlens import __version__
 from batchlens.config import Config, parse_listen
+from batchlens.http_server import run_app
 from batchlens.remediation.alertmanager import AlertmanagerClient
 from batchlens.remediation.service import Remediator
 from batchlens.remediation.states import BREAKER_STATES
@@ -193,5 +194,5 @@ def serve(config: Config) -> None:
     """Run the hook until SIGINT or SIGTERM, then shut down cleanly."""
     host, port = parse_listen(config.remediate.listen)
     server = RemediationServer(config)
-    log.info("batchlens remediate %s: webhook on http://%s%s", __version__, config.remediate.listen, WEBHOOK_PATH)
-    web.run_app(server.app(), host=host, port=port, print=None, access_log=None, shutdown_timeout=5)
+    ready = f"batchlens remediate {__version__}: webhook on http://{config.remediate.listen}{WEBHOOK_PATH}"
+    run_app(server.app(), host, port, logger=log, ready=ready, access_log=None, shutdown_timeout=5)

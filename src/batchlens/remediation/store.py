@@ -58,14 +58,24 @@ class Delivery:
     id: int | None = None
 
 
+class StoreError(Exception):
+    """The state file cannot be used: the message says which file and why, and leaves it as it was."""
+
+
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # an accepted delivery survives a power cut
-        self._db.executescript(SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # an accepted delivery survives a power cut
+            self._db.executescript(SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(
+                f"cannot use {self.path} as the hook's state ({exc}): it is not a batchlens state database, or "
+                "cannot be written; point --state (remediate.state_path) at another file, nothing was changed"
+            ) from None
         self.action_log = self.path.with_name(self.path.name + ".actions.jsonl")
 
     def close(self) -> None:

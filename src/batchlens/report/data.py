@@ -9,13 +9,13 @@ batch limit, all at the same instant.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from batchlens.config import Thresholds
+from batchlens.prometheus_api import Prometheus, PrometheusError
 from batchlens.rules.recording import LEVEL, p99_name
 
 Series = dict[str, dict[float, float]]  # vllm_instance -> timestamp -> value
@@ -67,18 +67,6 @@ class Report:
         return rows
 
 
-def parse_matrix(data: dict) -> Series:
-    """A Prometheus range query result (resultType matrix) -> instance -> time -> value; NaN dropped."""
-    if data.get("resultType") != "matrix":
-        raise ValueError(f"expected a matrix from Prometheus, got {data.get('resultType')!r}")
-    out: Series = {}
-    for series in data["result"]:
-        instance = series["metric"].get("vllm_instance", "")
-        values = {float(t): float(v) for t, v in series["values"] if not math.isnan(float(v))}
-        out.setdefault(instance, {}).update(values)
-    return out
-
-
 def align(thresholds: Thresholds, start: float, end: float, measures: dict[str, Series]) -> Report:
     points: dict[str, dict[float, Point]] = defaultdict(dict)
     for name, series in measures.items():
@@ -88,16 +76,33 @@ def align(thresholds: Thresholds, start: float, end: float, measures: dict[str, 
     return Report(thresholds, start, end, {i: [by_t[t] for t in sorted(by_t)] for i, by_t in sorted(points.items())})
 
 
-async def fetch(prometheus: str, thresholds: Thresholds, start: float, end: float, step: float) -> Report:
-    """Run the report's queries against ``prometheus`` (its base URL) and align them."""
-    measures: dict[str, Series] = {}
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for name, expr in queries(thresholds).items():
-            params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
-            async with session.get(f"{prometheus.rstrip('/')}/api/v1/query_range", params=params) as reply:
-                body = await reply.json(content_type=None)
-                if reply.status != 200 or body.get("status") != "success":
-                    raise RuntimeError(f"Prometheus refused {name} ({expr}): {reply.status} {body.get('error', body)}")
-            measures[name] = parse_matrix(body["data"])
+async def fetch(prometheus: Prometheus, thresholds: Thresholds, start: float, end: float, step: float) -> Report:
+    """Run the report's queries from ``start`` to ``end`` and align them."""
+    measures = {name: await prometheus.range(expr, start, end, step) for name, expr in queries(thresholds).items()}
     return align(thresholds, start, end, measures)
+
+
+def rules_needed(thresholds: Thresholds) -> set[str]:
+    """The recording rules the report's queries read."""
+    return {name for expr in queries(thresholds).values() for name in re.findall(rf"\b{LEVEL}\w*:[\w:]+", expr)}
+
+
+async def available(prometheus: Prometheus, thresholds: Thresholds, seconds: float, end: float) -> tuple[float, float]:
+    """The part of the last ``seconds`` that holds data: (start, end). A young deployment has less than asked.
+
+    Fails, saying how to fix it, when the recording rules are not loaded (the report would be blank) or
+    when there is no data at all.
+    """
+    missing = rules_needed(thresholds) - await prometheus.recording_rules()
+    if missing:
+        raise PrometheusError(
+            f"{prometheus.url} has not loaded batchlens' recording rules ({', '.join(sorted(missing)[:2])}, ...): "
+            "add alerts/batchlens.rules.yml to its rule_files (`batchlens build --root DIR` writes it) and reload"
+        )
+    first = await prometheus.first_sample(queries(thresholds)["throughput"], end - seconds, end)
+    if first is None:
+        raise PrometheusError(
+            f"no batchlens data in {prometheus.url} over the last {seconds:.0f} s: does it scrape the exporter, "
+            "and has it evaluated the recording rules yet?"
+        )
+    return first, end

@@ -72,7 +72,7 @@ def figure(report: Report):
     ax_time.axhline(t.kv_blocks_ratio, color="orange", linestyle="--", linewidth=1, label=f"KV {t.kv_blocks_ratio:.0%}")
     ax_time.axhline(t.bandwidth_ratio, color="red", linestyle=":", linewidth=1,
                     label=f"bandwidth {t.bandwidth_ratio:.0%}")  # fmt: skip
-    ax_time.set(title="KV blocks and memory bandwidth", ylabel="ratio", ylim=(0, 1.05), xlabel="time (UTC)")
+    ax_time.set(title="KV blocks and GPU memory busy", ylabel="ratio", ylim=(0, 1.05), xlabel="time (UTC)")
     ax_time.tick_params(axis="x", labelrotation=30)
     ax_time.legend(fontsize=7)
     return fig

@@ -32,6 +32,7 @@ from batchlens.admin_api import (
     parse_update,
 )
 from batchlens.arrivals import ArrivalMetrics
+from batchlens.http_server import run_app
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.gpu import SimulatedGpu
@@ -304,7 +305,5 @@ def admin_token(environ: Mapping[str, str], variable: str) -> str | None:
 
 
 def serve(simulator: Simulator, host: str, port: int) -> None:
-    log.info(
-        "batchlens simulator (vLLM %s API) serving %s on http://%s:%d", VLLM_VERSION, simulator.model_name, host, port
-    )
-    web.run_app(simulator.app(), host=host, port=port, print=None, access_log=None, shutdown_timeout=2)
+    ready = f"batchlens simulator (vLLM {VLLM_VERSION} API) serving {simulator.model_name} on http://{host}:{port}"
+    run_app(simulator.app(), host, port, logger=log, ready=ready, access_log=None, shutdown_timeout=2)

@@ -24,6 +24,7 @@ COLUMNS = (
     ("throughput", "tokens/s", "{:.1f}"),
     ("gain", "gain/2x", "{:.2f}"),
     ("ttft_p99", "P99 TTFT s", "{:.3f}"),
+    ("itl_p99", "P99 ITL s", "{:.3f}"),
     ("e2e_p99", "P99 E2E s", "{:.3f}"),
     ("kv_usage", "KV usage", "{:.3f}"),
     ("gpu_memory_busy", "mem busy", "{:.3f}"),
@@ -69,6 +70,7 @@ def write_png(steps: Sequence[StepResult], knee: Knee, path: Path, *, slo: float
     )
     ax_lat = ax_tp.twinx()
     ax_lat.plot(limits, [s.ttft_p99 for s in steps], "s--", color="tab:orange", label="P99 TTFT")
+    ax_lat.plot(limits, [s.itl_p99 for s in steps], "d--", color="tab:purple", label="P99 ITL")
     ax_lat.plot(limits, [s.e2e_p99 for s in steps], "^--", color="tab:red", label="P99 E2E")
     ax_lat.axhline(slo, color="gray", linestyle=":", label=f"SLO {slo:g}s ({latency})")
     ax_lat.set(ylabel="P99 latency (s)", yscale="log")

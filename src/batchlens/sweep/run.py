@@ -10,13 +10,15 @@ and not the queue's. After ``settle`` seconds the step is measured for
 - throughput: output tokens per second, from the engine's own counter
   ``vllm:generation_tokens_total`` (requests cut off at the step's end count
   for the tokens they produced);
-- P99 TTFT and E2E: from the clients, over requests that started after the
-  settle time and finished in the step;
+- P99 TTFT, ITL and E2E: from the clients, over requests that started after
+  the settle time and finished in the step;
 - KV usage: ``vllm:kv_cache_usage_perc``, sampled every second;
 - GPU memory busy and DRAM bandwidth: from the batchlens exporter, when given
   one (``batchlens_gpu_*_ratio`` of the engine's GPUs).
 
-The limit in force before the sweep is restored at the end, also on errors.
+The limit in force before the sweep is restored however the sweep ends: at
+the end, on an error, and when a signal cancels it (batchlens.stopping). A
+restore that cannot be done is logged with the request that does it by hand.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from batchlens.load.client import first_model, send
 from batchlens.load.plan import Planned, Result, percentile
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.rules.recording import KV_USAGE
+from batchlens.stopping import finish
 
 GENERATED = "vllm:generation_tokens_total"
 SAMPLE_SECONDS = 1.0
@@ -69,6 +72,7 @@ class StepResult:
     errors: int = 0
     throughput: float = math.nan  # output tokens per second
     ttft_p99: float = math.nan
+    itl_p99: float = math.nan  # over every gap between two tokens of the measured requests
     e2e_p99: float = math.nan
     kv_usage: float = math.nan
     gpu_memory_busy: float = math.nan
@@ -118,7 +122,31 @@ class Sweep:
         self.on_second = on_second
         self._rng = random.Random(spec.seed)
 
+    async def check_exporter(self) -> None:
+        """Before anything changes: the exporter answers and knows the engine, or the GPU columns would be empty."""
+        if not self.exporter_url:
+            return
+        text = await self._get(self.exporter_url + "/metrics")
+        if self.vllm_instance is None:
+            return
+        try:
+            families = list(ExpositionReader().parse(text))
+        except ParseError as exc:
+            raise SweepError(f"{self.exporter_url}/metrics is not a Prometheus exposition: {exc}") from None
+        engines = {dict(series.labels).get("vllm_instance") for f in families for series, _, _ in f.samples}
+        engines.discard(None)
+        engines.discard("")
+        if self.vllm_instance not in engines:
+            raise SweepError(
+                f"the exporter at {self.exporter_url} knows no vllm_instance {self.vllm_instance!r} "
+                f"(it knows: {', '.join(sorted(engines)) or 'none'}): pass one of those to --vllm-instance"
+            )
+        if not metric_values(text, (MEMORY_BUSY,), {"vllm_instance": self.vllm_instance}):
+            log.warning("the exporter at %s has no GPU mapped to %s: the GPU columns will be empty",
+                        self.exporter_url, self.vllm_instance)  # fmt: skip
+
     async def run(self) -> list[StepResult]:
+        await self.check_exporter()
         state = await self.admin.get()
         too_big = [limit for limit in self.spec.limits if limit > state.max_num_seqs]
         if too_big:
@@ -128,7 +156,8 @@ class Sweep:
             return [await self._step(limit, model) for limit in self.spec.limits]
         finally:
             try:
-                await self.admin.put(state.max_num_active_seqs)
+                await finish(self.admin.put(state.max_num_active_seqs))
+                log.info("sweep: batch limit put back to %d", state.max_num_active_seqs)
             except AdminCallError as exc:
                 log.error(
                     "could not put the batch limit back to %d: %s. Set it with PUT %s%s",
@@ -206,6 +235,7 @@ class Sweep:
         step.requests, step.errors = len(ok), len(measured) - len(ok)
         step.throughput = (g1 - g0) / (t1 - t0)
         step.ttft_p99 = _or_nan(percentile([r.ttft for r in ok if r.ttft is not None], 99))
+        step.itl_p99 = _or_nan(percentile([gap for r in ok for gap in r.itl], 99))
         step.e2e_p99 = _or_nan(percentile([r.e2e for r in ok], 99))
         for key, values in step.samples.items():
             setattr(step, key, statistics.fmean(values) if values else math.nan)

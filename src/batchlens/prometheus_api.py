@@ -1,0 +1,93 @@
+"""A small typed client of Prometheus' HTTP API (v1), for the commands that read it: report and advise.
+
+Every failure becomes a :class:`PrometheusError` that says what was asked, what
+was expected and what came back: a refused query, a server that is not a
+Prometheus, one that never answers. The commands print it as one line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import aiohttp
+
+#: Prometheus refuses a range query of more than 11,000 points per series.
+MAX_POINTS = 11_000
+DEFAULT_TIMEOUT = 30.0
+
+
+class PrometheusError(Exception):
+    """A query could not be answered: the message says why, in one line."""
+
+
+@dataclass
+class Prometheus:
+    session: aiohttp.ClientSession
+    url: str  # base URL, e.g. http://127.0.0.1:9090
+    timeout: float = DEFAULT_TIMEOUT
+
+    async def _get(self, path: str, params: dict[str, str] | None = None) -> dict:
+        url = f"{self.url.rstrip('/')}{path}"
+        try:
+            async with self.session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=self.timeout)) as reply:
+                status, kind = reply.status, reply.headers.get("Content-Type", "no content type")
+                text = await reply.text(errors="replace")
+        except TimeoutError:
+            raise PrometheusError(f"{url} did not answer within {self.timeout:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise PrometheusError(f"cannot read {url}: {exc or type(exc).__name__}") from None
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "status" not in body:
+            raise PrometheusError(
+                f"{url} is not a Prometheus API: expected its JSON, got HTTP {status} ({kind}) {text[:60].strip()!r}"
+            )
+        if body["status"] != "success":
+            raise PrometheusError(f"Prometheus refused {params or path}: HTTP {status}: {body.get('error')}")
+        return body["data"]
+
+    async def instant(self, expr: str, at: float) -> dict[str, float]:
+        """An instant query -> vllm_instance -> value (NaN kept: it means "no data in the range")."""
+        data = await self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+        if data.get("resultType") != "vector":
+            raise PrometheusError(f"expected a vector for {expr!r}, got {data.get('resultType')!r}")
+        return {s["metric"].get("vllm_instance", ""): float(s["value"][1]) for s in data["result"]}
+
+    async def range(self, expr: str, start: float, end: float, step: float) -> dict[str, dict[float, float]]:
+        """A range query -> vllm_instance -> timestamp -> value, NaN dropped."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+        try:
+            return parse_matrix(await self._get("/api/v1/query_range", params))
+        except ValueError as exc:
+            raise PrometheusError(f"{exc}, for {expr!r}") from None
+
+    async def recording_rules(self) -> set[str]:
+        """The names of the recording rules Prometheus has loaded."""
+        data = await self._get("/api/v1/rules", {"type": "record"})
+        return {rule["name"] for group in data.get("groups", []) for rule in group.get("rules", [])}
+
+    async def first_sample(self, expr: str, start: float, end: float) -> float | None:
+        """When ``expr`` first has data between ``start`` and ``end`` (to within the span / 10,000), or None."""
+        step = max((end - start) / (MAX_POINTS - 1000), 1.0)
+        series = await self.range(expr, start, end, step)
+        return min((min(values) for values in series.values() if values), default=None)
+
+
+def parse_matrix(data: dict) -> dict[str, dict[float, float]]:
+    """A range query's result (resultType matrix) -> vllm_instance -> timestamp -> value; NaN dropped."""
+    if data.get("resultType") != "matrix":
+        raise ValueError(f"expected a matrix from Prometheus, got {data.get('resultType')!r}")
+    out: dict[str, dict[float, float]] = {}
+    for series in data["result"]:
+        values = {float(t): float(v) for t, v in series["values"] if not math.isnan(float(v))}
+        out.setdefault(series["metric"].get("vllm_instance", ""), {}).update(values)
+    return out
+
+
+def step_for(seconds: float, points: int) -> float:
+    """A query step that gives about ``points`` points over ``seconds``: at least 1 s, and within Prometheus' cap."""
+    return max(seconds / points, seconds / (MAX_POINTS - 1000), 1.0)
