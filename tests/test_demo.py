@@ -11,6 +11,7 @@ import json
 import random
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -127,3 +128,16 @@ def test_without_prometheus_and_alertmanager_the_demo_says_how_to_install_them_a
         demo.stop()
     pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
     assert not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
+
+
+def test_a_taken_port_stops_the_demo_before_it_starts_with_the_reason(tmp_path) -> None:
+    offset = free_offset()
+    taken = SERVICES["simulate"][1] + offset
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        done = subprocess.run([BATCHLENS, "demo", "--run-dir", str(tmp_path / "run"), "--port-offset", str(offset)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"port {taken} (simulate) on 127.0.0.1 is taken" in done.stderr and "--port-offset" in done.stderr
+    assert "running" not in done.stdout and "Traceback" not in done.stderr

@@ -95,7 +95,7 @@ def test_a_python_launcher_and_malformed_yaml_are_read_as_written(tmp_path) -> N
     broken = tmp_path / "engine.yaml"
     broken.write_text("engine_config:\n  max_num_seqs: 8\n bad: [\n")
     done = cli(str(broken))
-    assert done.returncode == 1 and "not valid YAML at line 3" in done.stderr, done.stderr
+    assert done.returncode == 1 and "not valid YAML: line 3, column 2" in done.stderr, done.stderr
 
 
 def test_warnings_alone_exit_3_and_vllms_own_refusals_are_errors(tmp_path) -> None:

@@ -104,15 +104,21 @@ def model_point(limit: int, warmup: float = 20.0, window: float = 60.0) -> Point
     return Point(limit, generated / window, percentile(ttfts, 99))
 
 
-def test_the_sweep_finds_the_simulators_knee_within_one_step(tmp_path):
-    model = [model_point(limit) for limit in LIMITS]
-    expected = find_knee(model, slo=SLO)
-    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "64"))
+def watched_simulator(tmp_path, *, capacity: int, limit: int) -> tuple[SimulatorProcess, ExporterProcess, AdminClient]:
+    """A simulator named "sim" at ``limit`` of ``capacity``, with an exporter watching its simulated GPU."""
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", str(capacity)))
     config = tmp_path / "batchlens.yaml"
     config.write_text(json.dumps({"engines": [{"name": "sim", "url": sim.url, "simulated_gpu": True}]}))
     exporter = ExporterProcess(tmp_path, [], extra_args=("--config", str(config)))
     admin = AdminClient(sim.url, sim.token)
-    admin.set_limit(48)
+    admin.set_limit(limit)
+    return sim, exporter, admin
+
+
+def test_the_sweep_finds_the_simulators_knee_within_one_step(tmp_path):
+    model = [model_point(limit) for limit in LIMITS]
+    expected = find_knee(model, slo=SLO)
+    sim, exporter, admin = watched_simulator(tmp_path, capacity=64, limit=48)
     try:
         done = subprocess.run(
             [BATCHLENS, "sweep", "--engine", sim.url, "--limits", ",".join(map(str, LIMITS)), "--settle", "2",
@@ -168,6 +174,49 @@ def test_an_engine_that_dies_mid_sweep_ends_it_with_a_clear_error(tmp_path):
     assert sweep.returncode == 1
     assert f"cannot read {sim.url}/metrics" in err and "could not put the batch limit back to 8" in err
     assert "Traceback" not in err and not (tmp_path / "out/sweep.csv").exists()
+
+
+def test_a_sweep_stopped_by_any_signal_puts_the_limit_back(tmp_path):
+    """SIGTERM (timeout, systemd, Kubernetes, a cancelled CI job), SIGINT (Ctrl-C), SIGHUP (a closed terminal)."""
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "64"))
+    admin = AdminClient(sim.url, sim.token)
+    admin.set_limit(48)
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            sweep = subprocess.Popen(
+                [BATCHLENS, "sweep", "--engine", sim.url, "--limits", "1,2,4,8", "--settle", "1", "--measure", "3",
+                 "--out", str(tmp_path / "out")],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=token_env(sim.token),
+            )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while admin.state().max_num_active_seqs == 48:  # the sweep has changed the engine
+                assert time.monotonic() < deadline and sweep.poll() is None, sweep.stderr.read()
+                time.sleep(0.1)
+            sweep.send_signal(sig)
+            _, err = sweep.communicate(timeout=30)
+            assert sweep.returncode == 128 + sig, (sig.name, sweep.returncode, err)
+            assert admin.state().max_num_active_seqs == 48, f"{sig.name} left the engine throttled"
+            assert f"stopped by {sig.name}" in err and "put back to 48" in err and "Traceback" not in err, err
+    finally:
+        sim.stop()
+
+
+def test_sweep_checks_its_output_and_the_exporters_engine_before_it_changes_anything(tmp_path):
+    sim, exporter, admin = watched_simulator(tmp_path, capacity=8, limit=6)
+    (tmp_path / "file").write_text("")
+    base = [BATCHLENS, "sweep", "--engine", sim.url, "--limits", "1,2", "--measure", "1"]
+    try:
+        unwritable = subprocess.run([*base, "--out", str(tmp_path / "file" / "out")], capture_output=True,
+                                    text=True, timeout=60, env=token_env(sim.token))  # fmt: skip
+        assert unwritable.returncode == 2 and "--out" in unwritable.stderr and "cannot write" in unwritable.stderr
+        unknown = subprocess.run([*base, "--out", str(tmp_path / "out"), "--exporter", exporter.url,
+                                  "--vllm-instance", "simm"], capture_output=True, text=True, timeout=60,
+                                 env=token_env(sim.token))  # fmt: skip
+        assert unknown.returncode == 1 and "knows no vllm_instance 'simm' (it knows: sim)" in unknown.stderr
+        assert admin.state().max_num_active_seqs == 6, "a refused sweep changed the engine"
+    finally:
+        exporter.stop()
+        sim.stop()
 
 
 # -- a real vLLM on the CPU -----------------------------------------------------------------------

@@ -271,8 +271,8 @@ def simulate(
         raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from None
 
 
-def _token_counts(value: str) -> tuple[int, ...]:
-    """A list such as 256,512 (token counts, batch limits): positive integers."""
+def _token_counts(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    """A list such as 256,512 (token counts, batch limits): positive integers. A click callback."""
     try:
         counts = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -298,9 +298,10 @@ def _token_counts(value: str) -> tuple[int, ...]:
 @click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True,
               help="poisson: random arrivals at a steady mean. bursty: 2 s at 3x the rate, then quiet, same mean. "
               "steady: evenly spaced (a scheduled feed).")  # fmt: skip
-@click.option("--prompt-tokens", default="256,512,1024,2048", show_default=True,
+@click.option("--prompt-tokens", default="256,512,1024,2048", show_default=True, callback=_token_counts,
               help="Prompt lengths to draw from, evenly (the article's buckets by default).")  # fmt: skip
-@click.option("--output-tokens", default="128", show_default=True, help="Output lengths to draw from (ignore_eos).")
+@click.option("--output-tokens", default="128", show_default=True, callback=_token_counts,
+              help="Output lengths to draw from (ignore_eos).")  # fmt: skip
 @click.option("--stream-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of requests that stream (only those give TTFT and ITL).")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True)
@@ -313,8 +314,8 @@ def load(
     rate: float,
     duration: float,
     arrival: str,
-    prompt_tokens: str,
-    output_tokens: str,
+    prompt_tokens: tuple[int, ...],
+    output_tokens: tuple[int, ...],
     stream_share: float,
     timeout: float,
     max_connections: int,
@@ -338,8 +339,8 @@ def load(
     from batchlens.load.plan import LoadSpec, format_report, plan, report
 
     spec = LoadSpec(
-        rate=rate, duration=duration, arrival=arrival, prompt_tokens=_token_counts(prompt_tokens),
-        output_tokens=_token_counts(output_tokens), stream_share=stream_share, seed=seed,
+        rate=rate, duration=duration, arrival=arrival, prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens, stream_share=stream_share, seed=seed,
     )  # fmt: skip
     planned = plan(spec)
     try:
@@ -474,6 +475,7 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
 
     from batchlens.demo import Demo, run
 
+    _writable_folder(run_dir, "--run-dir")
     try:
         run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs,
                  config=_load(None, {})))  # fmt: skip
@@ -585,6 +587,7 @@ def _duration(value: str, flag: str) -> float:
     "--limits",
     default="1,2,4,8,16,32,64",
     show_default=True,
+    callback=_token_counts,
     help="The batch limits to visit, in order (each at most the engine's max_num_seqs).",
 )
 @click.option("--settle", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="SECONDS",
@@ -593,8 +596,10 @@ def _duration(value: str, flag: str) -> float:
               help="Time measured at each limit.")  # fmt: skip
 @click.option("--load-factor", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Closed-loop clients per unit of limit: 1 fills the batch and queues nothing.")  # fmt: skip
-@click.option("--prompt-tokens", default="512", show_default=True, help="Prompt lengths to draw from.")
-@click.option("--output-tokens", default="128", show_default=True, help="Output lengths to draw from.")
+@click.option("--prompt-tokens", default="512", show_default=True, callback=_token_counts,
+              help="Prompt lengths to draw from.")  # fmt: skip
+@click.option("--output-tokens", default="128", show_default=True, callback=_token_counts,
+              help="Output lengths to draw from.")  # fmt: skip
 @click.option(
     "--latency",
     type=click.Choice(["ttft", "itl", "e2e"]),
@@ -623,9 +628,10 @@ def _duration(value: str, flag: str) -> float:
 )
 @click.option("--seed", type=int, default=1, show_default=True)
 def sweep(
-    config_path: str | None, engine_url: str, limits: str, settle: float, measure: float, load_factor: float,
-    prompt_tokens: str, output_tokens: str, latency: str | None, slo: float | None, min_gain: float,
-    exporter_url: str | None, vllm_instance: str | None, admin_token_env: str, out: str, seed: int,
+    config_path: str | None, engine_url: str, limits: tuple[int, ...], settle: float, measure: float,
+    load_factor: float, prompt_tokens: tuple[int, ...], output_tokens: tuple[int, ...], latency: str | None,
+    slo: float | None, min_gain: float, exporter_url: str | None, vllm_instance: str | None, admin_token_env: str,
+    out: str, seed: int,
 ) -> None:  # fmt: skip
     """Find the batch-size knee of a running engine: throughput and P99 against the batch limit.
 
@@ -655,8 +661,8 @@ def sweep(
     latency = latency or config.thresholds.p99_latency
     slo = slo or config.thresholds.p99_seconds
     spec = SweepSpec(
-        limits=_token_counts(limits), settle_seconds=settle, measure_seconds=measure, load_factor=load_factor,
-        prompt_tokens=_token_counts(prompt_tokens), output_tokens=_token_counts(output_tokens), seed=seed,
+        limits=limits, settle_seconds=settle, measure_seconds=measure, load_factor=load_factor,
+        prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=seed,
     )  # fmt: skip
     folder = _writable_folder(out, "--out")  # before the sweep, not after it
     total = math.ceil(spec.settle_seconds) + math.ceil(spec.measure_seconds)

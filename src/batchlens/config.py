@@ -61,6 +61,13 @@ def _check_listen(value: str) -> str:
 Listen = Annotated[str, AfterValidator(_check_listen)]
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error in one line: where, and what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return where + " ".join(str(getattr(exc, "problem", None) or exc).split())
+
+
 def http_url(value: str, example: str = "http://127.0.0.1:8000") -> str:
     """A base URL, checked: http or https, a host, a valid port; returned without a trailing slash."""
     parts = urlsplit(value.strip())
@@ -222,7 +229,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{var}: not a valid YAML value: {exc}") from None
+            raise ConfigError(f"{var}: not a valid YAML value: {yaml_problem(exc)}") from None
         path = key.split("__")
         node = out
         for part in path[:-1]:
@@ -262,7 +269,7 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from None
+            raise ConfigError(f"config file {file} is not valid YAML: {yaml_problem(exc)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {file}: expected a mapping at the top level, got {type(loaded).__name__}")
         data, origin = loaded, f"file {file}"

@@ -71,8 +71,18 @@ class Prometheus:
         return {rule["name"] for group in data.get("groups", []) for rule in group.get("rules", [])}
 
     async def first_sample(self, expr: str, start: float, end: float) -> float | None:
-        """When ``expr`` first has data between ``start`` and ``end`` (to within the span / 10,000), or None."""
-        step = max((end - start) / (MAX_POINTS - 1000), 1.0)
+        """When ``expr`` first has data between ``start`` and ``end``, to the second, or None.
+
+        A coarse pass over the whole span, then a one-second pass over the coarse step before what it
+        found: the answer must not move with the grid that ``end`` happens to put the coarse steps on.
+        """
+        step = step_for(end - start, MAX_POINTS)
+        first = await self._first(expr, start, end, step)
+        if first is None or step <= 1.0:
+            return first
+        return await self._first(expr, max(start, first - step), first, 1.0) or first
+
+    async def _first(self, expr: str, start: float, end: float, step: float) -> float | None:
         series = await self.range(expr, start, end, step)
         return min((min(values) for values in series.values() if values), default=None)
 

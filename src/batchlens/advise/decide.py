@@ -56,6 +56,7 @@ class Advice:
     requirement: float
     p99_observed: float
     resolution: float = math.nan  # the QPS window, seconds
+    limits: list[LimitSeen] = field(default_factory=list)  # every batch limit seen, with what it rests on
     recommendations: list[Recommendation] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -113,7 +114,7 @@ def decide(e: Evidence, *, requirement: float, latency: str, min_gain: float = D
     enough = e.requests >= MIN_REQUESTS
     continuous = bool(met) if known and enough else None
     advice = Advice(e.vllm_instance, e.seconds, e.requests, continuous, table, latency, requirement, e.p99_observed,
-                    resolution=e.resolution)  # fmt: skip
+                    resolution=e.resolution, limits=sorted(e.limits, key=lambda p: p.limit))  # fmt: skip
     add = advice.recommendations.append
 
     if continuous is None:

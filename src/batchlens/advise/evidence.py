@@ -139,7 +139,8 @@ async def fetch(
             f"--resolution {resolution:g}s is more than half of the {span:.0f} s of data there is: "
             f"pick at most {span / 2:.0f}s, or leave it out to choose from the data"
         )
-    range_, step, tile_ = f"{int(span)}s", f"{max(int(resolution), 1)}s", f"{math.ceil(tile)}s"
+    # The queries' window reaches a tile before the first sample, so that no run cuts the data's start.
+    range_, step, tile_ = f"{math.ceil(span + tile)}s", f"{max(int(resolution), 1)}s", f"{math.ceil(tile)}s"
     found: dict[str, Evidence] = {}
 
     def evidence(instance: str) -> Evidence:

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from batchlens.config import yaml_problem
+
 #: Package data (read through importlib.resources, so that an installed wheel finds it too).
 TABLE = files("batchlens.lint") / "vllm_0_32_args.json"
 
@@ -132,9 +134,7 @@ def read(path: Path, arguments: dict[str, dict]) -> tuple[str, dict[str, Any]]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ValueError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        raise ValueError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if isinstance(data, dict):
         if isinstance(data.get("engine_config"), dict) and len(data) == 1:
             return "engine_config", data["engine_config"]

@@ -100,7 +100,7 @@ async def run(
     """Send each planned request at its time; return the model used, the results and the wall time."""
     connector = aiohttp.TCPConnector(limit=max_connections)
     async with aiohttp.ClientSession(connector=connector) as session:
-        model = model or await first_model(session, url)
+        model = model or await first_model(session, url, min(timeout, 10))
         loop = asyncio.get_running_loop()
         start = loop.time()
 
