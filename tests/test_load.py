@@ -72,12 +72,17 @@ def successes(text: str) -> float:
 @pytest.mark.slow
 def test_a_run_against_the_simulator_counts_what_the_server_counts(tmp_path) -> None:
     sim = SimulatorProcess(tmp_path, speed=10)
-    try:
-        rep = load(sim.url, "--rate", "20", "--duration", "3", "--output-tokens", "32,64", "--stream-share", "0.5")
+    try:  # the OpenAI base URL (.../v1) is what users copy from their client config
+        rep = load(sim.url + "/v1", "--rate", "20", "--duration", "3", "--output-tokens", "32,64",
+                   "--stream-share", "0.5")  # fmt: skip
         served = successes(http_get(sim.url + "/metrics")[1].decode())
+        refused = subprocess.run([BATCHLENS, "load", "--url", sim.url, "--rate", "4", "--duration", "1",
+                                  "--prompt-tokens", "9000"], capture_output=True, text=True, timeout=60)  # fmt: skip
     finally:
         sim.stop()
     assert rep["requests"] == rep["succeeded"] == served > 30
+    # A refused request says why, as the server put it: not just its status.
+    assert refused.returncode == 1 and "http_400: This model's maximum context length is" in refused.stdout
     assert rep["ttft_seconds"]["p50"] is not None and rep["itl_seconds"]["p99"] is not None
     assert rep["e2e_seconds"]["p50"] <= rep["e2e_seconds"]["p99"]
 

@@ -60,7 +60,8 @@ def test_gain_is_per_doubling_whatever_the_step():
 
 
 def test_outputs_table_csv_and_png(tmp_path):
-    steps = [StepResult(p.limit, p.limit, 10, 0, p.throughput, p.p99, p.p99 * 3, p.limit / 64) for p in CURVE]
+    steps = [StepResult(p.limit, p.limit, 10, 0, p.throughput, p.p99, p.p99 * 3, p.limit / 64, itl_p99=p.p99 / 9)
+             for p in CURVE]  # fmt: skip
     knee = find_knee(CURVE, slo=1.0)
     text = table(steps, knee)
     assert text.splitlines()[5].endswith("<- knee") and "knee: batch limit 16" in text
@@ -68,6 +69,7 @@ def test_outputs_table_csv_and_png(tmp_path):
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [int(r["limit"]) for r in rows] == [1, 2, 4, 8, 16, 32]
     assert [r["knee"] for r in rows] == ["0", "0", "0", "0", "1", "0"] and rows[0]["gpu_memory_busy"] == ""
+    assert [float(r["itl_p99"]) for r in rows] == [p.p99 / 9 for p in CURVE] and "P99 ITL s" in text
     write_png(steps, knee, tmp_path / "sweep.png", slo=1.0, latency="TTFT", title="test")
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -72,11 +72,11 @@ class StepResult:
     errors: int = 0
     throughput: float = math.nan  # output tokens per second
     ttft_p99: float = math.nan
-    itl_p99: float = math.nan  # over every gap between two tokens of the measured requests
     e2e_p99: float = math.nan
     kv_usage: float = math.nan
     gpu_memory_busy: float = math.nan
     gpu_dram_bandwidth: float = math.nan
+    itl_p99: float = math.nan  # over every gap between two tokens of the measured requests
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
 
