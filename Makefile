@@ -44,10 +44,11 @@ build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboa
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow" -p no:cacheprovider
 
-bench: $(BIN)/batchlens  ## benchmarks: parse/merge/render of a vLLM exposition; NVML source cost per GPU
+bench: $(BIN)/batchlens  ## benchmarks: parse/merge/render of a vLLM exposition; NVML source cost per GPU; replay speed
 	$(BIN)/python benchmarks/parse.py tests/data/vllm-0.32.0-cpu.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
+	$(BIN)/python benchmarks/replay.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist src/*.egg-info

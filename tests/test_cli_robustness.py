@@ -84,6 +84,15 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("bad limits", ["--engine", "{refused}", "--limits", "0,a"]),
         ("exporter without scheme", ["--engine", "{refused}", "--exporter", "127.0.0.1:9400"]),
     ],
+    "replay": [
+        ("malformed trace", ["{text}", "--simulated"]),
+        ("empty trace", ["{empty_trace}", "--simulated"]),
+        ("unsorted trace", ["{unsorted}", "--simulated"]),
+        ("huge trace line", ["{huge}", "--simulated"]),
+        ("unknown format", ["{unsorted}", "--simulated", "--format", "parquet"]),
+        ("zero SLO", ["{unsorted}", "--simulated", "--slo-ttft", "0"]),
+        ("unwritable out", ["{unsorted}", "--simulated", "--out", "{unwritable}"]),
+    ],
     "lint-config": [
         ("missing file", ["{tmp}/nothing.yaml"]),
         ("malformed yaml", ["{yaml}"]),
@@ -121,6 +130,10 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     (tmp / "engines.yaml").write_text("engines:\n  - url: http://127.0.0.1:1\n")
     (tmp / "empty.yaml").write_text("exporter: {}\n")
     (tmp / "out_of_range.yaml").write_text("exporter:\n  interval_seconds: -1\n")
+    line = '{{"t": {t}, "prompt_tokens": 8, "output_tokens": 8}}\n'
+    (tmp / "unsorted.jsonl").write_text(line.format(t=5) + line.format(t=1))
+    (tmp / "huge.jsonl").write_text(line.format(t=1).replace("}", ', "x": "' + "x" * 100_000 + '"}'))
+    (tmp / "empty.jsonl").write_text("")
     silent, html = SilentServer(), HtmlServer()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -130,6 +143,8 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             "tmp": str(tmp), "text": str(tmp / "text"), "yaml": str(tmp / "broken.yaml"),
             "engines": str(tmp / "engines.yaml"), "empty": str(tmp / "empty.yaml"),
             "out_of_range": str(tmp / "out_of_range.yaml"), "unwritable": str(tmp / "text" / "out"),
+            "unsorted": str(tmp / "unsorted.jsonl"), "huge": str(tmp / "huge.jsonl"),
+            "empty_trace": str(tmp / "empty.jsonl"),
             "refused": f"http://127.0.0.1:{free_port()}", "silent": silent.url, "html": html.url,
             "taken": str(port), "taken_offset": str(port - 8000), "free": str(free_port()),
         }  # fmt: skip

@@ -14,81 +14,22 @@ import yaml
 
 from batchlens import __version__
 from batchlens.admin_api import TOKEN_ENV
-from batchlens.config import (
-    Config,
-    ConfigError,
-    http_url,
-    load_config,
-    masked_dump,
-    parse_engine_flag,
-    parse_listen,
+from batchlens.clikit import (
+    HttpUrl,
+    config_option,
+    duration,
+    min_gain_option,
+    prometheus_option,
+    prometheus_timeout_option,
+    range_option,
+    slo_option,
+    token_counts,
+    writable_folder,
 )
+from batchlens.clikit import load as load_or_fail
+from batchlens.config import ConfigError, masked_dump, parse_engine_flag, parse_listen
 from batchlens.load.plan import ARRIVALS
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
-from batchlens.sweep.knee import DEFAULT_MIN_GAIN
-
-
-class HttpUrl(click.ParamType):
-    """An http(s) base URL, checked before any work starts; ``strip`` drops a suffix users often paste (/v1)."""
-
-    name = "url"
-
-    def __init__(self, example: str, strip: tuple[str, ...] = ()):
-        self.example, self.strip = example, strip
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        try:
-            url = http_url(str(value), self.example)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-        for suffix in self.strip:
-            url = url.removesuffix(suffix)
-        return url
-
-
-config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    envvar="BATCHLENS_CONFIG",
-    help="YAML config file (env BATCHLENS_CONFIG). Env BATCHLENS_<SECTION>__<KEY> and flags override it.",
-)
-
-prometheus_option = click.option(
-    "--prometheus",
-    "prometheus_url",
-    required=True,
-    type=HttpUrl("http://127.0.0.1:9090"),
-    metavar="URL",
-    help="Base URL of the Prometheus that scrapes the exporter and runs batchlens' recording rules.",
-)
-range_option = click.option(
-    "--range", "range_", default="24h", show_default=True, metavar="DURATION",
-    help="How far back to look, as a Prometheus duration (30m, 6h, 7d).",
-)  # fmt: skip
-
-prometheus_timeout_option = click.option(
-    "--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True, metavar="SECONDS",
-    help="How long one Prometheus query may take.",
-)  # fmt: skip
-
-min_gain_option = click.option(
-    "--min-gain", type=click.FloatRange(min=1), default=DEFAULT_MIN_GAIN, show_default=True,
-    help="The least throughput gain per doubling of the batch limit that is worth it: the knee is where "
-    "a doubling stops paying this much.",
-)  # fmt: skip
-
-slo_option = click.option(
-    "--slo", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-    help="Your P99 latency requirement; the batch limit must keep P99 within it [default: thresholds.p99_seconds].",
-)  # fmt: skip
-
-
-def _load(config_path: str | None, overrides: dict[str, Any]) -> Config:
-    try:
-        return load_config(config_path, overrides)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 def _flags(section: str, **values: Any) -> dict[str, Any]:
@@ -155,7 +96,7 @@ def exporter(
     overrides = _flags("exporter", listen=listen, interval_seconds=interval, timeout_seconds=timeout)
     if engines:
         overrides["engines"] = [parse_engine_flag(e) for e in engines]
-    config = _load(config_path, overrides)
+    config = load_or_fail(config_path, overrides)
     if not config.engines:
         logging.getLogger("batchlens.exporter").warning(
             "no engines configured: only host and GPU metrics will be exported "
@@ -199,7 +140,7 @@ def remediate(
     overrides = _flags("remediate", listen=listen, alertmanager_url=alertmanager_url, state_path=state_path)
     if dry_run:
         overrides["breaker"] = {"dry_run": True}
-    config = _load(config_path, overrides)
+    config = load_or_fail(config_path, overrides)
     if not config.engines:
         raise click.ClickException("no engines configured: the hook needs engines: in the config file")
     try:
@@ -271,17 +212,6 @@ def simulate(
         raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from None
 
 
-def _token_counts(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
-    """A list such as 256,512 (token counts, batch limits): positive integers. A click callback."""
-    try:
-        counts = tuple(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated positive integers such as 256,512, got {value!r}") from None
-    if not counts or min(counts) < 1:
-        raise click.BadParameter("expected positive integers")
-    return counts
-
-
 @main.command()
 @click.option(
     "--url",
@@ -298,9 +228,9 @@ def _token_counts(_ctx: click.Context, _param: click.Parameter, value: str) -> t
 @click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True,
               help="poisson: random arrivals at a steady mean. bursty: 2 s at 3x the rate, then quiet, same mean. "
               "steady: evenly spaced (a scheduled feed).")  # fmt: skip
-@click.option("--prompt-tokens", default="256,512,1024,2048", show_default=True, callback=_token_counts,
+@click.option("--prompt-tokens", default="256,512,1024,2048", show_default=True, callback=token_counts,
               help="Prompt lengths to draw from, evenly (the article's buckets by default).")  # fmt: skip
-@click.option("--output-tokens", default="128", show_default=True, callback=_token_counts,
+@click.option("--output-tokens", default="128", show_default=True, callback=token_counts,
               help="Output lengths to draw from (ignore_eos).")  # fmt: skip
 @click.option("--stream-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of requests that stream (only those give TTFT and ITL).")  # fmt: skip
@@ -385,8 +315,8 @@ def build(config_path: str | None, root: str | None, check: bool) -> None:
             )
         root = str(checkout)
     if not check:
-        _writable_folder(root, "--root")
-    config = _load(config_path, {})
+        writable_folder(root, "--root")
+    config = load_or_fail(config_path, {})
     try:
         stale = write(config, Path(root), check=check)
     except ValueError as exc:
@@ -428,9 +358,9 @@ def report(config_path: str | None, prometheus_url: str, range_: str, timeout: f
     from batchlens.report.data import available, fetch
     from batchlens.report.render import write
 
-    config = _load(config_path, {})
-    seconds = _duration(range_, "--range")
-    folder = _writable_folder(out, "--out")
+    config = load_or_fail(config_path, {})
+    seconds = duration(range_, "--range")
+    folder = writable_folder(out, "--out")
 
     async def load():
         async with aiohttp.ClientSession() as session:
@@ -475,10 +405,10 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
 
     from batchlens.demo import Demo, run
 
-    _writable_folder(run_dir, "--run-dir")
+    writable_folder(run_dir, "--run-dir")
     try:
         run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs,
-                 config=_load(None, {})))  # fmt: skip
+                 config=load_or_fail(None, {})))  # fmt: skip
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -533,9 +463,9 @@ def advise(
     from batchlens.advise.text import format_advice
     from batchlens.prometheus_api import Prometheus, PrometheusError
 
-    config = _load(config_path, {})
-    seconds = _duration(range_, "--range")
-    step = None if resolution is None else _duration(resolution, "--resolution")
+    config = load_or_fail(config_path, {})
+    seconds = duration(range_, "--range")
+    step = None if resolution is None else duration(resolution, "--resolution")
     if step is not None and step <= 0:
         raise click.BadParameter("must be longer than 0s", param_hint="--resolution")
 
@@ -564,15 +494,6 @@ def advise(
         click.echo("\n\n".join(format_advice(a) for a in advice))
 
 
-def _duration(value: str, flag: str) -> float:
-    from batchlens.config import duration_seconds
-
-    try:
-        return duration_seconds(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=flag) from None
-
-
 @main.command()
 @config_option
 @click.option(
@@ -587,7 +508,7 @@ def _duration(value: str, flag: str) -> float:
     "--limits",
     default="1,2,4,8,16,32,64",
     show_default=True,
-    callback=_token_counts,
+    callback=token_counts,
     help="The batch limits to visit, in order (each at most the engine's max_num_seqs).",
 )
 @click.option("--settle", type=click.FloatRange(min=0), default=5.0, show_default=True, metavar="SECONDS",
@@ -596,9 +517,9 @@ def _duration(value: str, flag: str) -> float:
               help="Time measured at each limit.")  # fmt: skip
 @click.option("--load-factor", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="Closed-loop clients per unit of limit: 1 fills the batch and queues nothing.")  # fmt: skip
-@click.option("--prompt-tokens", default="512", show_default=True, callback=_token_counts,
+@click.option("--prompt-tokens", default="512", show_default=True, callback=token_counts,
               help="Prompt lengths to draw from.")  # fmt: skip
-@click.option("--output-tokens", default="128", show_default=True, callback=_token_counts,
+@click.option("--output-tokens", default="128", show_default=True, callback=token_counts,
               help="Output lengths to draw from.")  # fmt: skip
 @click.option(
     "--latency",
@@ -657,14 +578,14 @@ def sweep(
     from batchlens.sweep.output import table, write_csv, write_png
     from batchlens.sweep.run import Sweep, SweepError, SweepSpec
 
-    config = _load(config_path, {})
+    config = load_or_fail(config_path, {})
     latency = latency or config.thresholds.p99_latency
     slo = slo or config.thresholds.p99_seconds
     spec = SweepSpec(
         limits=limits, settle_seconds=settle, measure_seconds=measure, load_factor=load_factor,
         prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=seed,
     )  # fmt: skip
-    folder = _writable_folder(out, "--out")  # before the sweep, not after it
+    folder = writable_folder(out, "--out")  # before the sweep, not after it
     total = math.ceil(spec.settle_seconds) + math.ceil(spec.measure_seconds)
 
     async def run(bar) -> list:
@@ -692,21 +613,6 @@ def sweep(
     click.echo(table(steps, knee))
     click.echo(f"knee judged on P99 {latency.upper()} against {slo:g}s")
     click.echo(f"wrote {folder / 'sweep.csv'} and {folder / 'sweep.png'}")
-
-
-def _writable_folder(path: str, flag: str):
-    """The folder an output goes to, made if missing and proven writable now, before any long work."""
-    import tempfile
-    from pathlib import Path
-
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise click.BadParameter(f"cannot write to {path}: {exc.strerror or exc}", param_hint=flag) from None
-    return folder
 
 
 @main.command("lint-config")
@@ -778,7 +684,7 @@ def doctor(config_path: str | None, sample_seconds: float, host_root: str, as_js
 
     from batchlens.doctor import checks, probe
 
-    config = _load(config_path, {})
+    config = load_or_fail(config_path, {})
     nvml = probe.read_nvml(sample_seconds=sample_seconds, root=Path(host_root))
     outcomes = checks.run_all(
         probe.read_host(Path(host_root)),
@@ -813,8 +719,14 @@ def config_show(config_path: str | None, fmt: str) -> None:
     Token values never appear: the `secrets` section only says whether each
     token variable is set.
     """
-    data = masked_dump(_load(config_path, {}))
+    data = masked_dump(load_or_fail(config_path, {}))
     if fmt == "json":
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+
+
+# Commands whose wiring lives in their own package (clikit holds what they share).
+from batchlens.replay.command import replay  # noqa: E402 - assembled after the group exists
+
+main.add_command(replay)

@@ -172,12 +172,27 @@ class Remediate(_Section):
         return http_url(value, "http://127.0.0.1:9093") if value.strip() else ""
 
 
+class Slo(_Section):
+    """The service-level objective goodput counts against (vLLM's `bench serve --goodput`)."""
+
+    ttft_seconds: float | None = Field(None, gt=0, description="time to first token; default: thresholds.p99_seconds")
+    tpot_seconds: float = Field(0.1, gt=0, description="time per output token after the first")
+
+
 class Config(_Section):
     engines: list[Engine] = Field(default_factory=list)
     exporter: Exporter = Field(default_factory=Exporter)
     thresholds: Thresholds = Field(default_factory=Thresholds)
     breaker: Breaker = Field(default_factory=Breaker)
     remediate: Remediate = Field(default_factory=Remediate)
+    slo: Slo = Field(default_factory=Slo)
+
+    @model_validator(mode="after")
+    def _slo_follows_the_breaker(self) -> Config:
+        """One objective: unless set, the goodput TTFT bound is the breaker's P99 bound."""
+        if self.slo.ttft_seconds is None:
+            object.__setattr__(self.slo, "ttft_seconds", self.thresholds.p99_seconds)
+        return self
 
     @model_validator(mode="after")
     def _unique_engine_names(self) -> Config:

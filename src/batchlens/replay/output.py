@@ -1,0 +1,98 @@
+"""A replay's results as rows (JSON and CSV), a table, and a PNG of goodput per policy and the limit over time."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: render to files only
+
+import matplotlib.pyplot as plt
+
+from batchlens.goodput import Slo
+from batchlens.replay.simulated import Run
+from batchlens.replay.traces import TraceRequest
+
+COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("requests", "requests", "{:d}"),
+    ("good", "good", "{:d}"),
+    ("goodput_rps", "goodput/s", "{:.3f}"),
+    ("slo_attainment", "attained", "{:.1%}"),
+    ("p50_ttft_s", "P50 TTFT s", "{:.3f}"),
+    ("p99_ttft_s", "P99 TTFT s", "{:.3f}"),
+    ("p50_tpot_s", "P50 TPOT s", "{:.4f}"),
+    ("p99_tpot_s", "P99 TPOT s", "{:.4f}"),
+    ("throughput_tokens_s", "tokens/s", "{:.0f}"),
+)
+
+
+def rows(runs: Sequence[Run]) -> list[dict]:
+    """One row per run: the policy, its judgement, and the requests refused as too long. NaN becomes None."""
+    out = []
+    for run in runs:
+        row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused}
+        out.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
+    return out
+
+
+def _cell(fmt: str, value) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def table(runs: Sequence[Run], best: Run | None, slo: Slo) -> str:
+    shown = [*runs, *([best] if best else [])]
+    lines = ["  ".join(f"{title:>11}" for _, title, _ in COLUMNS)]
+    for row, run in zip(rows(shown), shown, strict=True):
+        mark = "  <- oracle" if run is best else ""
+        lines.append("  ".join(f"{_cell(fmt, row[key]):>11}" for key, _, fmt in COLUMNS) + mark)
+    lines.append(f"good: TTFT <= {slo.ttft_seconds:g}s and TPOT <= {slo.tpot_seconds:g}s; goodput over the whole run, "
+                 "drain included")  # fmt: skip
+    if best:
+        base = {run.policy: run.judgement.goodput_rps for run in runs}
+        ratios = [f"{policy}/oracle {value / best.judgement.goodput_rps:.2f}" for policy, value in base.items()
+                  if best.judgement.goodput_rps > 0]  # fmt: skip
+        lines.append(f"oracle: the best static limit for this trace is {best.policy}" +
+                     (f" ({', '.join(ratios)})" if ratios else ""))  # fmt: skip
+    return "\n".join(lines)
+
+
+def write_csv(runs: Sequence[Run], best: Run | None, path: Path) -> None:
+    shown = rows([*runs, *([best] if best else [])])
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=[*shown[0], "oracle"])
+        writer.writeheader()
+        for i, row in enumerate(shown):
+            writer.writerow({**row, "oracle": int(best is not None and i == len(shown) - 1)})
+
+
+def write_png(runs: Sequence[Run], best: Run | None, trace: Sequence[TraceRequest], path: Path, *, title: str) -> None:
+    shown = [*runs, *([best] if best else [])]
+    fig, (ax_good, ax_time) = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
+    names = [run.policy + (" (oracle)" if run is best else "") for run in shown]
+    ax_good.bar(names, [run.judgement.goodput_rps for run in shown], color="tab:blue")
+    ax_good.set(title=f"Goodput per policy: {title}", ylabel="good requests/s")
+    ax_good.tick_params(axis="x", rotation=30)
+    bucket = 10.0
+    end = trace[-1].t
+    counts = [0] * (int(end // bucket) + 1)
+    for request in trace:
+        counts[int(request.t // bucket)] += 1
+    ax_time.plot([i * bucket for i in range(len(counts))], [c / bucket for c in counts], color="gray",
+                 label="arrivals/s")  # fmt: skip
+    ax_time.set(title="Arrival rate and batch limit over time", xlabel="seconds", ylabel="arrivals/s")
+    ax_limit = ax_time.twinx()
+    for run in shown:
+        times = [t for t, _ in run.limits] + [run.judgement.seconds]
+        limits = [limit for _, limit in run.limits] + [run.limits[-1][1]]
+        ax_limit.step(times, limits, where="post", label=run.policy)
+    ax_limit.set(ylabel="batch limit", yscale="log")
+    handles = [h for ax in (ax_time, ax_limit) for h in ax.get_legend_handles_labels()[0]]
+    ax_time.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

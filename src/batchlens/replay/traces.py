@@ -1,0 +1,148 @@
+"""Recorded workloads: the public Azure and BurstGPT traces, and our own JSONL. Pure but for reading the file.
+
+Every format becomes the same list of :class:`TraceRequest` (seconds from the
+trace's first arrival, prompt tokens, output tokens), in arrival order. A bad
+line stops the read with its line number and what was wrong: a replay judged
+on a silently half-read trace would judge nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+FORMATS = ("azure", "burstgpt", "jsonl")
+MAX_LINE_BYTES = 64 * 1024  # no trace line is longer; a longer one is not a trace
+MAX_TOKENS = 10_000_000  # no request is longer; a larger count is a broken column
+
+
+class TraceError(ValueError):
+    """The trace cannot be replayed: the message names the file, the line and what was wrong."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    t: float  # seconds after the trace's first arrival
+    prompt_tokens: int
+    output_tokens: int
+
+
+def _tokens(value: object, what: str) -> int:
+    try:
+        tokens = int(float(str(value)))
+    except ValueError:
+        raise ValueError(f"{what} is not a number: {value!r}") from None
+    if not 0 <= tokens <= MAX_TOKENS:
+        raise ValueError(f"{what} {tokens} is not a token count (0..{MAX_TOKENS})")
+    return tokens
+
+
+def _azure_time(value: str) -> float:
+    """Azure's ``2023-11-16 18:15:46.6805900`` (seven fractional digits, more than Python parses)."""
+    head, _, fraction = value.strip().partition(".")
+    try:
+        stamp = datetime.fromisoformat(head).timestamp()
+    except ValueError:
+        raise ValueError(f"TIMESTAMP is not a date and time: {value!r}") from None
+    return stamp + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        with path.open("rb") as raw:
+            for number, line in enumerate(raw, 1):
+                if len(line) > MAX_LINE_BYTES:
+                    raise TraceError(f"{path}:{number}: a line of {len(line)} bytes: not a trace line")
+                yield number, line.decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _csv_rows(path: Path, columns: dict[str, str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV whose header names ``columns`` (our name -> the file's)."""
+    lines = _lines(path)
+    first = next(((number, line) for number, line in lines if line.strip()), None)
+    if first is None:
+        raise TraceError(f"{path}: empty: no header, no requests")
+    number, header = first[0], next(csv.reader([first[1]]))
+    missing = [name for name in columns.values() if name not in header]
+    if missing:
+        raise TraceError(f"{path}:{number}: the header lacks {', '.join(missing)} (it has {', '.join(header)})")
+    index = {ours: header.index(theirs) for ours, theirs in columns.items()}
+    for number, line in lines:
+        if not line.strip():
+            continue
+        row = next(csv.reader(io.StringIO(line)))
+        if len(row) < len(header):
+            raise TraceError(f"{path}:{number}: {len(row)} columns where the header has {len(header)}")
+        yield number, {ours: row[i] for ours, i in index.items()}
+
+
+def _parse(path: Path, fmt: str) -> Iterator[tuple[int, float, int, int]]:
+    if fmt == "azure":
+        cols = {"t": "TIMESTAMP", "prompt": "ContextTokens", "output": "GeneratedTokens"}
+        for number, row in _csv_rows(path, cols):
+            yield number, *_fields(path, number, lambda r=row: (_azure_time(r["t"]), r["prompt"], r["output"]))
+    elif fmt == "burstgpt":
+        cols = {"t": "Timestamp", "prompt": "Request tokens", "output": "Response tokens"}
+        for number, row in _csv_rows(path, cols):
+            yield number, *_fields(path, number, lambda r=row: (float(r["t"]), r["prompt"], r["output"]))
+    elif fmt == "jsonl":
+        for number, line in _lines(path):
+            if line.strip():
+                yield number, *_fields(path, number, lambda line=line: _jsonl(line))
+    else:
+        raise TraceError(f"unknown trace format {fmt!r}: one of {', '.join(FORMATS)}")
+
+
+def _jsonl(line: str) -> tuple[float, object, object]:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(item, dict) or not {"t", "prompt_tokens", "output_tokens"} <= item.keys():
+        raise ValueError('expected {"t": seconds, "prompt_tokens": N, "output_tokens": N}')
+    if isinstance(item["t"], bool) or not isinstance(item["t"], int | float):
+        raise ValueError(f"t is not a number of seconds: {item['t']!r}")
+    return float(item["t"]), item["prompt_tokens"], item["output_tokens"]
+
+
+def _fields(path: Path, number: int, read) -> tuple[float, int, int]:
+    try:
+        t, prompt, output = read()
+        return t, _tokens(prompt, "the prompt length"), _tokens(output, "the output length")
+    except ValueError as exc:
+        raise TraceError(f"{path}:{number}: {exc}") from None
+
+
+def read_trace(path: Path, fmt: str) -> list[TraceRequest]:
+    """The trace's requests in arrival order, times from its first arrival. Unsorted or empty traces are refused."""
+    out: list[TraceRequest] = []
+    first = previous = None
+    for number, t, prompt, output in _parse(path, fmt):
+        if previous is not None and t < previous:
+            raise TraceError(f"{path}:{number}: time goes back ({t:g} after {previous:g}): sort the trace by time")
+        if first is None:
+            first = t
+        previous = t
+        if output == 0:
+            continue  # a failed request in the recording (BurstGPT logs them): nothing to generate
+        out.append(TraceRequest(t - first, max(prompt, 1), output))
+    if not out:
+        raise TraceError(f"{path}: no requests to replay")
+    return out
+
+
+def select(trace: Iterable[TraceRequest], *, start: float = 0.0, duration: float | None = None,
+           rate_scale: float = 1.0) -> list[TraceRequest]:  # fmt: skip
+    """The slice [start, start + duration) of the trace, from 0, with the gaps divided by ``rate_scale``."""
+    if rate_scale <= 0:
+        raise ValueError(f"the rate scale must be above 0, got {rate_scale:g}")
+    end = math.inf if duration is None else start + duration
+    return [replace(r, t=(r.t - start) / rate_scale) for r in trace if start <= r.t < end]

@@ -1,0 +1,183 @@
+"""`batchlens replay`: goodput (pure), the trace readers and their refusals, and simulated replays.
+
+The engine is the simulator's model (simulator/engine.py) in simulated time: no fake anywhere, and no
+server. The CLI runs as a subprocess, as users run it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from batchlens.goodput import Outcome, Slo, judge
+from batchlens.replay.policies import Static, oracle_limits, parse_policy
+from batchlens.replay.simulated import replay
+from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
+from batchlens.simulator.engine import Engine
+from batchlens.simulator.profiles import GPUS, MODELS
+from harness.exporter import BATCHLENS
+
+SLO = Slo(0.5, 0.1)
+
+# -- goodput, pure ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "good"),
+    [
+        (Outcome(0.2, 2.2, 21), True),  # TPOT (2.2 - 0.2) / 20 = 0.1: on the bound is good
+        (Outcome(0.6, 1.0, 5), False),  # TTFT over
+        (Outcome(0.1, 3.0, 11), False),  # TPOT 0.29 over
+        (Outcome(0.4, 0.4, 1), True),  # one token: no TPOT to judge
+        (Outcome(None, None, 0), False),  # failed, aborted or refused
+    ],
+)
+def test_a_request_is_good_within_both_bounds(outcome: Outcome, good: bool) -> None:
+    assert outcome.good(SLO) is good
+
+
+def test_goodput_counts_good_requests_over_the_whole_run_drain_included() -> None:
+    outcomes = [Outcome(0.1, 1.0, 10)] * 6 + [Outcome(2.0, 3.0, 10)] * 2 + [Outcome(None, None, 0)] * 2
+    j = judge(outcomes, seconds=4.0, slo=SLO)
+    assert (j.requests, j.good, j.goodput_rps, j.slo_attainment) == (10, 6, 1.5, 0.6)
+    assert j.p99_ttft_s == 2.0 and j.throughput_tokens_s == 80 / 4
+    with pytest.raises(ValueError, match="above zero"):
+        Slo(0, 0.1)
+
+
+# -- traces -------------------------------------------------------------------------------------------
+
+AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.6805900,374,44
+2023-11-16 18:15:50.9951690,396,109
+2023-11-16 18:15:51.0000000,879,0
+2023-11-16 18:16:07.5000000,1024,28
+"""
+BURSTGPT = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5,ChatGPT,472,18,490,Conversation log
+45,ChatGPT,1087,0,1087,Conversation log
+46,GPT-4,417,276,693,API log
+"""
+
+
+def test_each_format_reads_into_seconds_from_the_first_arrival(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text(AZURE)
+    (tmp_path / "b.csv").write_text(BURSTGPT)
+    (tmp_path / "c.jsonl").write_text('{"t": 3, "prompt_tokens": 10, "output_tokens": 5}\n\n'
+                                      '{"t": 3.5, "prompt_tokens": 20, "output_tokens": 6}\n')  # fmt: skip
+    azure = read_trace(tmp_path / "a.csv", "azure")
+    assert [(round(r.t, 4), r.prompt_tokens, r.output_tokens) for r in azure] == [
+        (0.0, 374, 44),
+        (4.3146, 396, 109),
+        (20.8194, 1024, 28),
+    ]  # fmt: skip  (the failed request is left out)
+    assert read_trace(tmp_path / "b.csv", "burstgpt") == [TraceRequest(0, 472, 18), TraceRequest(41, 417, 276)]
+    assert read_trace(tmp_path / "c.jsonl", "jsonl") == [TraceRequest(0, 10, 5), TraceRequest(0.5, 20, 6)]
+    trace = [TraceRequest(float(t), 1, 1) for t in range(10)]
+    assert [r.t for r in select(trace, start=2, duration=4, rate_scale=2)] == [0, 0.5, 1, 1.5]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "said"),
+    [
+        ("jsonl", "", "no requests to replay"),
+        ("jsonl", '{"t": 1, "prompt_tokens": 5, "output_tokens": 5}\nnot json\n', ":2: not JSON"),
+        (
+            "jsonl",
+            '{"t": 5, "prompt_tokens": 5, "output_tokens": 5}\n{"t": 1, "prompt_tokens": 5, "output_tokens": 5}\n',
+            ":2: time goes back",
+        ),
+        ("jsonl", '{"t": 1, "prompt_tokens": 5}\n', ':1: expected {"t": seconds'),
+        ("jsonl", '{"t": 1, "prompt_tokens": 99999999999, "output_tokens": 5}\n', "is not a token count"),
+        ("jsonl", '{"t": 1, "prompt_tokens": 5, "output_tokens": 5, "pad": "' + "x" * 70_000 + '"}\n', ":1: a line of"),
+        ("azure", "", "empty: no header"),
+        ("azure", "time,prompt\n1,2\n", "the header lacks TIMESTAMP, ContextTokens, GeneratedTokens"),
+        ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,5\n", ":2: TIMESTAMP is not a date"),
+        ("burstgpt", BURSTGPT.splitlines()[0] + "\n5,ChatGPT,472\n", ":2: 3 columns where the header has 6"),
+    ],
+)
+def test_a_bad_trace_is_refused_with_its_line(tmp_path: Path, fmt: str, text: str, said: str) -> None:
+    path = tmp_path / "trace"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=None) as raised:
+        read_trace(path, fmt)
+    assert said in str(raised.value) and str(path) in str(raised.value), raised.value
+
+
+# -- simulated replay -----------------------------------------------------------------------------------
+
+
+def poisson(rate: float, seconds: float, seed: int = 1) -> list[TraceRequest]:
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        out.append(TraceRequest(t, rng.choice([256, 512, 1024]), rng.choice([64, 128, 256])))
+
+
+def engine(capacity: int = 128) -> Engine:
+    return Engine(GPUS["a100-80g"], MODELS["dense-7b"], max_num_seqs=capacity)
+
+
+def test_a_replay_is_deterministic_and_refuses_what_vllm_would() -> None:
+    trace = [*poisson(2, 30), TraceRequest(31, 9000, 10)]  # the last is longer than max_model_len
+    first, again = (replay(trace, engine(), Static(), SLO) for _ in range(2))
+    assert first.judgement == again.judgement and first.refused == 1
+    assert first.judgement.requests == len(trace) and first.judgement.good < len(trace)
+    assert first.judgement.seconds >= trace[-2].t, "the run lasts until the last request is done"
+    assert first.limits == [(0.0, 128)]
+
+
+def test_policies_parse_and_refuse_nonsense() -> None:
+    assert parse_policy("default") == Static() and parse_policy("static:16") == Static(16)
+    for bad in ("static:0", "static:x", "adaptiv", "default:3"):
+        with pytest.raises(ValueError):
+            parse_policy(bad)
+    with pytest.raises(ValueError, match="above the engine's capacity"):
+        Static(300).initial(256)
+    assert oracle_limits(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_default(tmp_path: Path) -> None:
+    """At 5 requests/s this engine overloads with every limit allowed in: a cap holds TPOT and wins."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"t": r.t, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens})
+                             + "\n" for r in poisson(5, 90)))  # fmt: skip
+    done = subprocess.run(
+        [BATCHLENS, "replay", str(trace), "--simulated", "--max-num-seqs", "128", "--policy", "default",
+         "--policy", "static:8", "--oracle", "--json", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    policies = {p["policy"]: p for p in result["policies"]}
+    keys = {"policy", "goodput_rps", "slo_attainment", "requests", "good", "p99_ttft_s", "p99_tpot_s",
+            "throughput_tokens_s"}  # fmt: skip
+    assert keys <= set(policies["default"]) and keys <= set(result["oracle"])
+    oracle, default = result["oracle"], policies["default"]
+    print(f"default {default['goodput_rps']:.3f}/s, oracle {oracle['policy']} {oracle['goodput_rps']:.3f}/s")
+    assert oracle["goodput_rps"] >= 1.5 * default["goodput_rps"], (oracle, default)
+    assert default["p99_tpot_s"] > SLO.tpot_seconds, "vLLM's default breaks the TPOT bound here"
+    assert oracle["goodput_rps"] >= max(p["goodput_rps"] for p in policies.values())
+    rows = list(csv.DictReader((tmp_path / "out" / "replay.csv").open()))
+    assert [r["policy"] for r in rows] == ["default", "static:8", oracle["policy"]] and rows[-1]["oracle"] == "1"
+    assert (tmp_path / "out" / "replay.png").read_bytes()[:4] == b"\x89PNG"
+    assert "replaying" in done.stderr  # the progress bar
+
+
+def test_the_slo_and_the_policy_are_checked_before_the_replay(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"t": 0, "prompt_tokens": 5, "output_tokens": 5}\n')
+    for args, said in ((["--slo-ttft", "0"], "must be above zero"), (["--policy", "static:999"], "capacity"),
+                       (["--policy", "magic"], "unknown policy")):  # fmt: skip
+        done = subprocess.run([BATCHLENS, "replay", str(trace), "--simulated", *args], capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert math.isnan(judge([], 0, SLO).slo_attainment)
