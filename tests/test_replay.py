@@ -136,10 +136,10 @@ def test_a_replay_is_deterministic_and_refuses_what_vllm_would() -> None:
 
 
 def test_policies_parse_and_refuse_nonsense() -> None:
-    assert parse_policy("default") == Static() and parse_policy("static:16") == Static(16)
+    assert parse_policy("default", SLO) == Static() and parse_policy("static:16", SLO) == Static(16)
     for bad in ("static:0", "static:x", "adaptiv", "default:3"):
         with pytest.raises(ValueError):
-            parse_policy(bad)
+            parse_policy(bad, SLO)
     with pytest.raises(ValueError, match="above the engine's capacity"):
         Static(300).initial(256)
     assert oracle_limits(48) == [1, 2, 4, 8, 16, 32, 48]
@@ -152,7 +152,7 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
                              + "\n" for r in poisson(5, 90)))  # fmt: skip
     done = subprocess.run(
         [BATCHLENS, "replay", str(trace), "--simulated", "--max-num-seqs", "128", "--policy", "default",
-         "--policy", "static:8", "--oracle", "--json", "--out", str(tmp_path / "out")],
+         "--policy", "static:8", "--policy", "adaptive", "--oracle", "--json", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -165,9 +165,16 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
     print(f"default {default['goodput_rps']:.3f}/s, oracle {oracle['policy']} {oracle['goodput_rps']:.3f}/s")
     assert oracle["goodput_rps"] >= 1.5 * default["goodput_rps"], (oracle, default)
     assert default["p99_tpot_s"] > SLO.tpot_seconds, "vLLM's default breaks the TPOT bound here"
-    assert oracle["goodput_rps"] >= max(p["goodput_rps"] for p in policies.values())
+    assert oracle["goodput_rps"] >= max(p["goodput_rps"] for p in policies.values() if p["policy"] != "adaptive")
+    # The controller, from the engine's own metrics only, steers well clear of the default
+    # (benchmarks/controller.py compares it with the oracle on four workloads).
+    adaptive = policies["adaptive"]
+    print(f"adaptive {adaptive['goodput_rps']:.3f}/s, {adaptive['limit_changes']} changes, ends at "
+          f"{adaptive['final_limit']}")  # fmt: skip
+    assert adaptive["limit_changes"] > 0 and adaptive["goodput_rps"] >= 1.5 * default["goodput_rps"], adaptive
     rows = list(csv.DictReader((tmp_path / "out" / "replay.csv").open()))
-    assert [r["policy"] for r in rows] == ["default", "static:8", oracle["policy"]] and rows[-1]["oracle"] == "1"
+    assert [r["policy"] for r in rows] == ["default", "static:8", "adaptive", oracle["policy"]]
+    assert rows[-1]["oracle"] == "1"
     assert (tmp_path / "out" / "replay.png").read_bytes()[:4] == b"\x89PNG"
     assert "replaying" in done.stderr  # the progress bar
 

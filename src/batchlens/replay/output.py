@@ -33,10 +33,13 @@ COLUMNS = (
 
 
 def rows(runs: Sequence[Run]) -> list[dict]:
-    """One row per run: the policy, its judgement, and the requests refused as too long. NaN becomes None."""
+    """One row per run: the policy, its judgement, the requests refused as too long, how the limit moved.
+
+    NaN becomes None."""
     out = []
     for run in runs:
-        row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused}
+        row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused,
+               "limit_changes": len(run.limits) - 1, "final_limit": run.limits[-1][1]}  # fmt: skip
         out.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
     return out
 

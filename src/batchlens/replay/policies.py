@@ -1,14 +1,20 @@
 """Batch-limit policies a replay can run: how the engine's admission limit is chosen, tick by tick. Pure.
 
 ``default`` is vLLM as shipped: the limit is the capacity (max_num_seqs) and
-never moves. ``static:N`` holds N. A policy sees only what it could see live
-(:class:`Signals`), never the simulator's internals.
+never moves. ``static:N`` holds N. ``adaptive`` is the controller's law
+(control/law.py) fed from the engine's /metrics text, exactly what it reads
+live: a policy sees only what it could see live (:class:`Signals`), never the
+simulator's internals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
+
+from batchlens.control.law import State, Tuning, decide
+from batchlens.control.signals import EngineSample, read_sample, window
+from batchlens.goodput import Slo
 
 
 @dataclass(frozen=True)
@@ -21,10 +27,13 @@ class Signals:
     running: int
     waiting: int
     kv_usage: float
+    exposition: str = ""  # the engine's /metrics text, for the policies that read it (wants_metrics)
 
 
 class Policy(Protocol):
     name: str
+    tick_seconds: float  # how often it decides
+    wants_metrics: bool  # whether it reads Signals.exposition (rendering it costs the replay time)
 
     def initial(self, capacity: int) -> int:
         """The limit the run starts with."""
@@ -38,6 +47,8 @@ class Static:
     """A fixed limit; ``None`` is the capacity, which is vLLM's default."""
 
     limit: int | None = None
+    tick_seconds: float = 1.0
+    wants_metrics: bool = False
 
     @property
     def name(self) -> str:
@@ -52,12 +63,43 @@ class Static:
         return signals.limit
 
 
-POLICIES = ("default", "static:N")
+class Adaptive:
+    """The controller's law, on the engine's own metrics, every ``tick_seconds``."""
+
+    name = "adaptive"
+    wants_metrics = True
+
+    def __init__(self, slo: Slo, tuning: Tuning | None = None, tick_seconds: float = 2.0):
+        self.slo, self.tuning, self.tick_seconds = slo, tuning, tick_seconds
+        self._state: State | None = None
+        self._previous: EngineSample | None = None
+        self.decisions: dict[str, int] = {}
+
+    def initial(self, capacity: int) -> int:
+        self.tuning = self.tuning or Tuning(max_limit=capacity)
+        self.tuning = replace(self.tuning, max_limit=min(self.tuning.max_limit, capacity))
+        start = min(max(self.tuning.start_limit, self.tuning.min_limit), self.tuning.max_limit)
+        self._state, self._previous = State(start), None
+        return self._state.limit
+
+    def decide(self, signals: Signals) -> int:
+        sample = read_sample(signals.exposition, signals.now)
+        if self._previous is not None:
+            decision = decide(self._state, window(self._previous, sample), signals.now, self.slo, self.tuning)
+            self._state = decision.state
+            self.decisions[decision.reason] = self.decisions.get(decision.reason, 0) + 1
+        self._previous = sample
+        return self._state.limit
 
 
-def parse_policy(text: str) -> Policy:
-    """``default`` or ``static:N``; ValueError naming what exists otherwise."""
+POLICIES = ("default", "static:N", "adaptive")
+
+
+def parse_policy(text: str, slo: Slo) -> Policy:
+    """``default``, ``static:N`` or ``adaptive``; ValueError naming what exists otherwise."""
     name, _, arg = text.strip().partition(":")
+    if name == "adaptive" and not arg:
+        return Adaptive(slo)
     if name == "default" and not arg:
         return Static()
     if name == "static":

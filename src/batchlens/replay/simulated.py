@@ -19,6 +19,7 @@ from batchlens.goodput import Judgement, Outcome, Slo, judge
 from batchlens.replay.policies import Policy, Signals, Static, oracle_limits
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine, SimRequest
+from batchlens.simulator.vllm_metrics import VllmMetrics
 
 
 @dataclass
@@ -47,6 +48,8 @@ def replay(
     run = Run(policy.name, judge([], 0.0, slo), [(0.0, engine.max_num_active_seqs)])
     requests = [SimRequest(str(i), r.prompt_tokens, r.output_tokens, r.t) for i, r in enumerate(trace)]
     steers = not isinstance(policy, Static)
+    metrics = VllmMetrics(engine, "replay") if policy.wants_metrics else None
+    tick = policy.tick_seconds if steers else tick
     now, index, next_tick = 0.0, 0, tick
     while index < len(requests) or engine.running or engine.waiting:
         while index < len(requests) and requests[index].arrival <= now:
@@ -61,12 +64,16 @@ def replay(
             if index < len(requests):
                 now = max(now, requests[index].arrival)  # idle: jump to the next arrival
             continue
-        now += engine.step(now).duration
+        step = engine.step(now)
+        now += step.duration
+        if metrics is not None:
+            metrics.observe_step(step)
         if now >= next_tick:
             on_progress(now)
             if steers:
+                exposition = metrics.render().decode() if metrics is not None else ""
                 limit = policy.decide(Signals(now, engine.max_num_active_seqs, capacity, len(engine.running),
-                                              len(engine.waiting), engine.kv_usage))  # fmt: skip
+                                              len(engine.waiting), engine.kv_usage, exposition))  # fmt: skip
                 if limit != engine.max_num_active_seqs:
                     engine.set_limit(max(1, min(capacity, limit)))
                     run.limits.append((now, engine.max_num_active_seqs))

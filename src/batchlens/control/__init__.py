@@ -1,0 +1,1 @@
+"""The adaptive batch controller (the article's stage 3): what it sees of an engine, and its control law."""

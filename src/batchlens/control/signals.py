@@ -1,0 +1,118 @@
+"""What the controller sees of an engine: its own /metrics text, sampled each tick. Pure.
+
+A sample holds vLLM's gauges and its cumulative counters and histograms, summed
+over engine cores; a :class:`Window` is the change between two samples, with
+percentiles estimated from vLLM's bucket bounds as Prometheus'
+``histogram_quantile`` does. That is all the controller ever sees, in
+production and in a simulated replay alike: never the exact latencies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from batchlens.exporter.parser import ExpositionReader
+
+#: Each figure under vLLM's current name and the older one it replaced.
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+GENERATED = ("vllm:generation_tokens_total",)
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+TTFT = ("vllm:time_to_first_token_seconds",)
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative counts per upper bound, sorted, +Inf last (as a Prometheus histogram)."""
+
+    buckets: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        """The observations made since ``earlier`` (a restarted engine counts from zero)."""
+        before = dict(earlier.buckets)
+        delta = tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets)
+        return self if any(n < 0 for _, n in delta) else Histogram(delta)
+
+    def quantile(self, q: float) -> float:
+        """Prometheus' histogram_quantile: linear within the bucket; the highest finite bound past it; NaN empty."""
+        if self.count <= 0:
+            return math.nan
+        rank, lower, below = q * self.count, 0.0, 0.0
+        for le, cumulative in self.buckets:
+            if cumulative >= rank:
+                if math.isinf(le):
+                    return lower
+                inside = cumulative - below
+                return lower + (le - lower) * ((rank - below) / inside if inside else 1.0)
+            lower, below = le, cumulative
+        return lower
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    time: float
+    running: float
+    waiting: float
+    kv_usage: float
+    generated_tokens: float
+    preemptions: float
+    ttft: Histogram
+    itl: Histogram
+
+
+def read_sample(text: str, time: float) -> EngineSample:
+    """An engine's /metrics text -> one sample, every engine core summed (KV usage: the fullest core)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for family in ExpositionReader().parse(text):
+        for series, value, _ in family.samples:
+            if series.name.endswith("_bucket"):
+                le = dict(series.labels).get("le")
+                if le is not None:
+                    buckets[series.name.removesuffix("_bucket")][float(le)] += value
+            else:
+                values[series.name].append(value)
+
+    def first(names: tuple[str, ...], combine=sum) -> float:
+        return next((combine(values[n]) for n in names if values.get(n)), 0.0)
+
+    def histogram(names: tuple[str, ...]) -> Histogram:
+        found = next((buckets[n] for n in names if n in buckets), {})
+        return Histogram(tuple(sorted(found.items())))
+
+    return EngineSample(
+        time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),
+        generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Window:
+    """What happened between two samples, and the gauges at the later one."""
+
+    seconds: float
+    running: float
+    waiting: float
+    kv_usage: float
+    tokens_per_second: float
+    preemptions: float
+    ttft: Histogram  # the first tokens given in the window
+    itl: Histogram  # the gaps between tokens in the window
+
+
+def window(earlier: EngineSample, later: EngineSample) -> Window:
+    seconds = max(later.time - earlier.time, 1e-9)
+    return Window(
+        seconds=seconds, running=later.running, waiting=later.waiting, kv_usage=later.kv_usage,
+        tokens_per_second=max(later.generated_tokens - earlier.generated_tokens, 0.0) / seconds,
+        preemptions=max(later.preemptions - earlier.preemptions, 0.0),
+        ttft=later.ttft.minus(earlier.ttft), itl=later.itl.minus(earlier.itl),
+    )  # fmt: skip

@@ -1,0 +1,124 @@
+"""The controller's signals and law, pure: table-driven cases with time travel, properties, and convergence.
+
+No server and no fake: signals are read from a real vLLM 0.32 exposition (tests/data) and from texts
+rendered by prometheus_client; the law is a pure function. Its plant in the convergence test is a
+small model of decode (pace rising with the running batch), stated below.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchlens.control.law import State, Tuning, decide
+from batchlens.control.signals import Histogram, Window, read_sample, window
+from batchlens.goodput import Slo
+
+SLO = Slo(0.5, 0.1)
+ITL_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, math.inf)
+
+
+def itl(gaps: dict[float, float]) -> Histogram:
+    """A cumulative ITL histogram with ``gaps`` observations per bucket bound."""
+    total, out = 0.0, []
+    for bound in ITL_BOUNDS:
+        total += gaps.get(bound, 0.0)
+        out.append((bound, total))
+    return Histogram(tuple(out))
+
+
+def w(*, running: float, waiting: float = 0, kv: float = 0.3, pace: float | None = None, n: int = 100) -> Window:
+    """A window whose decode pace (every gap) falls in the bucket of ``pace``."""
+    bound = next((b for b in ITL_BOUNDS if pace is not None and pace <= b), None)
+    return Window(2.0, running, waiting, kv, 1000.0, 0.0, Histogram(), itl({bound: n} if bound else {}))
+
+
+def test_histograms_give_prometheus_quantiles_and_survive_a_restart() -> None:
+    h = itl({0.05: 50, 0.1: 50})
+    assert h.count == 100 and h.quantile(0.5) == 0.05 and h.quantile(0.9) == pytest.approx(0.095)
+    assert math.isnan(Histogram().quantile(0.9)) and itl({math.inf: 5}).quantile(0.5) == 1.0
+    restarted = itl({0.05: 3})
+    assert restarted.minus(h) == restarted, "counters that went down: the engine restarted, take them as they are"
+
+
+def test_a_real_vllm_exposition_reads_into_a_sample(vllm_exposition: str) -> None:
+    sample = read_sample(vllm_exposition, time=10.0)
+    assert sample.ttft.count > 0 and sample.itl.count > 0 and sample.generated_tokens > 0
+    assert sample.itl.buckets[-1][0] == math.inf and 0 <= sample.kv_usage <= 1
+    later = read_sample(vllm_exposition, time=12.0)
+    assert window(sample, later).itl.count == 0 and window(sample, later).tokens_per_second == 0
+
+
+TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "win", "now", "limit", "reason"),
+    [
+        # the pace over the SLO: cut by the ratio, at least x0.5, and drain
+        (State(32), w(running=32, pace=0.15), 100, 22, "pace_over"),  # p90 in (0.1, 0.15]: 0.145
+        (State(32), w(running=32, pace=0.5), 100, 16, "pace_over"),
+        # draining: judge nothing until hold_until
+        (State(16, hold_until=105), w(running=30, pace=0.5), 103, 16, "drain"),
+        (State(16, hold_until=105), w(running=16, waiting=9, pace=0.04), 106, 20, "headroom"),
+        # KV nearly full: down to running x 0.9 / usage
+        (State(40), w(running=40, kv=0.98, pace=0.05), 100, 36, "kv_ceiling"),
+        # nothing waits and the batch is half empty: the limit is not what binds
+        (State(32), w(running=10, pace=0.05), 100, 32, "app_limited"),
+        (State(32), w(running=0), 100, 32, "idle"),
+        # a queue behind a full batch with room in the pace: + sqrt(limit)
+        (State(16), w(running=16, waiting=5, pace=0.05), 100, 20, "headroom"),
+        # a queue, but the pace is near the SLO: stay
+        (State(16), w(running=16, waiting=5, pace=0.095), 100, 16, "steady"),
+        # bounds: never above max_limit, never below min_limit
+        (State(64), w(running=64, waiting=50, pace=0.02), 100, 64, "slow_start"),
+        (State(8), w(running=8, waiting=50, pace=0.02), 100, 12, "slow_start"),  # doubling, within max_step
+        (State(2), w(running=2, pace=0.9), 100, 2, "pace_over"),
+    ],
+)
+def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int, reason: str) -> None:
+    decision = decide(state, win, now, SLO, TUNING)
+    assert (decision.limit, decision.reason) == (limit, reason)
+    if reason == "pace_over" and limit < state.limit:
+        assert decision.state.hold_until == now + TUNING.drain_seconds
+
+
+windows = st.builds(
+    lambda running, waiting, kv, pace: w(running=running, waiting=waiting, kv=kv, pace=pace),
+    st.integers(0, 300), st.integers(0, 300), st.floats(0, 1), st.one_of(st.none(), st.floats(0.001, 2.0)),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit=st.integers(2, 64), win=windows, now=st.floats(0, 1e6), hold=st.floats(0, 1e6))
+def test_never_outside_the_bounds_and_never_up_while_the_slo_is_broken(limit, win, now, hold) -> None:
+    decision = decide(State(limit, hold), win, now, SLO, TUNING)
+    assert TUNING.min_limit <= decision.limit <= TUNING.max_limit
+    assert abs(decision.limit - limit) <= max(1, limit * TUNING.max_step)
+    pace = win.itl.quantile(TUNING.pace_quantile)
+    if not math.isnan(pace) and pace > SLO.tpot_seconds:
+        assert decision.limit <= limit
+
+
+def plant(limit: int, demand: float) -> Window:
+    """Decode on a stationary load: ``demand`` requests want to run; the pace grows with the running batch
+    (8 ms + 2 ms per request: the SLO's 0.1 s is reached at 46 running)."""
+    running = min(limit, demand)
+    pace = 0.008 + 0.002 * running
+    return w(running=running, waiting=max(demand - limit, 0), pace=pace)
+
+
+@pytest.mark.parametrize("start", [2, 16, 64])
+def test_on_a_stationary_load_it_converges_below_the_pace_bound(start: int) -> None:
+    state, now, seen = State(start), 0.0, []
+    for _ in range(200):
+        now += 2.0
+        state = decide(state, plant(state.limit, demand=80), now, SLO, TUNING).state
+        seen.append(state.limit)
+    tail = seen[-50:]
+    assert max(tail) - min(tail) <= 8, tail  # settled, not oscillating across the range
+    # Pace 0.008 + 0.002 x limit must stay within the SLO's bucket, and the law grows while there is headroom.
+    assert 0.008 + 0.002 * max(tail) <= 0.15 and min(tail) >= 20, tail
