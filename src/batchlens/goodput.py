@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from batchlens.load.plan import percentile
+
 
 @dataclass(frozen=True)
 class Slo:
@@ -47,11 +49,9 @@ class Outcome:
 
 
 def quantile(values: Sequence[float], q: float) -> float:
-    """The q-quantile (0..1), nearest rank; NaN without values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+    """The q-quantile (0..1), nearest rank as the load generator reports it; NaN without values."""
+    found = percentile(values, q * 100)
+    return math.nan if found is None else found
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from batchlens.exporter.parser import ExpositionReader
+from batchlens.rules.recording import KV_USAGE, LATENCIES
 
-#: Each figure under vLLM's current name and the older one it replaced.
+#: Each figure under vLLM's current name and, where it was renamed, the older one (the rules' own tables).
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 GENERATED = ("vllm:generation_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
-TTFT = ("vllm:time_to_first_token_seconds",)
-ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+TTFT, ITL = LATENCIES["ttft"], LATENCIES["itl"]
 
 
 @dataclass(frozen=True)

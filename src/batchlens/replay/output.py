@@ -39,7 +39,8 @@ def rows(runs: Sequence[Run]) -> list[dict]:
     out = []
     for run in runs:
         row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused,
-               "limit_changes": len(run.limits) - 1, "final_limit": run.limits[-1][1]}  # fmt: skip
+               "limit_changes": len(run.limits) - 1, "final_limit": run.limits[-1][1],
+               "decisions": run.decisions or None}  # fmt: skip
         out.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
     return out
 

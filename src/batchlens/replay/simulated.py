@@ -28,6 +28,7 @@ class Run:
     judgement: Judgement
     limits: list[tuple[float, int]] = field(default_factory=list)  # (time, limit) at each change
     refused: int = 0  # longer than max_model_len
+    decisions: dict[str, int] = field(default_factory=dict)  # a steering policy's decisions, by reason
 
 
 def replay(
@@ -79,6 +80,7 @@ def replay(
                     run.limits.append((now, engine.max_num_active_seqs))
             next_tick = now - (now % tick) + tick
     run.judgement = judge([_outcome(r) for r in requests], now, slo)
+    run.decisions = dict(getattr(policy, "decisions", {}))
     return run
 
 
