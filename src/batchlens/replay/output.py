@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 from batchlens.goodput import Slo
 from batchlens.replay.simulated import Run
 from batchlens.replay.traces import TraceRequest
+from batchlens.text_table import text_table
 
 COLUMNS = (
     ("policy", "policy", "{}"),
@@ -45,16 +46,9 @@ def rows(runs: Sequence[Run]) -> list[dict]:
     return out
 
 
-def _cell(fmt: str, value) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 def table(runs: Sequence[Run], best: Run | None, slo: Slo) -> str:
     shown = [*runs, *([best] if best else [])]
-    lines = ["  ".join(f"{title:>11}" for _, title, _ in COLUMNS)]
-    for row, run in zip(rows(shown), shown, strict=True):
-        mark = "  <- oracle" if run is best else ""
-        lines.append("  ".join(f"{_cell(fmt, row[key]):>11}" for key, _, fmt in COLUMNS) + mark)
+    lines = text_table(COLUMNS, rows(shown), width=11, marks=["  <- oracle" if run is best else "" for run in shown])
     lines.append(f"good: TTFT <= {slo.ttft_seconds:g}s and TPOT <= {slo.tpot_seconds:g}s; goodput over the whole run, "
                  "drain included")  # fmt: skip
     if best:

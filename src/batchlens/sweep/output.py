@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 from batchlens.sweep.knee import Knee
 from batchlens.sweep.run import StepResult
+from batchlens.text_table import text_table
 
 COLUMNS = (
     ("limit", "limit", "{:d}"),
@@ -39,17 +40,11 @@ def rows(steps: Sequence[StepResult], knee: Knee) -> list[dict]:
     ]
 
 
-def _cell(fmt: str, value) -> str:
-    return "-" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
-
-
 def table(steps: Sequence[StepResult], knee: Knee) -> str:
-    lines = ["  ".join(f"{title:>10}" for _, title, _ in COLUMNS)]
-    for row in rows(steps, knee):
-        mark = "  <- knee" if row["limit"] == knee.limit else ""
-        lines.append("  ".join(f"{_cell(fmt, row[key]):>10}" for key, _, fmt in COLUMNS) + mark)
+    shown = rows(steps, knee)
+    marks = ["  <- knee" if row["limit"] == knee.limit else "" for row in shown]
     verdict = f"knee: batch limit {knee.limit}" if knee.limit is not None else "knee: none"
-    return "\n".join([*lines, f"{verdict} ({knee.reason})"])
+    return "\n".join([*text_table(COLUMNS, shown, width=10, marks=marks), f"{verdict} ({knee.reason})"])
 
 
 def write_csv(steps: Sequence[StepResult], knee: Knee, path: Path) -> None:
