@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from batchlens.goodput import Outcome, Slo, judge
+from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
 from batchlens.replay.policies import Static, oracle_limits, parse_policy
 from batchlens.replay.simulated import replay
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
@@ -137,12 +138,26 @@ def test_a_replay_is_deterministic_and_refuses_what_vllm_would() -> None:
 
 def test_policies_parse_and_refuse_nonsense() -> None:
     assert parse_policy("default", SLO) == Static() and parse_policy("static:16", SLO) == Static(16)
-    for bad in ("static:0", "static:x", "adaptiv", "default:3"):
+    assert parse_policy("breaker", SLO).name == "breaker" and parse_policy("adaptive", SLO).name == "adaptive"
+    for bad in ("static:0", "static:x", "adaptiv", "default:3", "breaker:2"):
         with pytest.raises(ValueError):
             parse_policy(bad, SLO)
     with pytest.raises(ValueError, match="above the engine's capacity"):
         Static(300).initial(256)
     assert oracle_limits(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_the_breaker_policy_acts_on_its_alert_as_the_hook_does() -> None:
+    """Today's hook, replayed: the generated alert's condition on the engine's TTFT histogram, Alertmanager's
+    timing, and the hook's own state machine."""
+    overloaded = replay(poisson(5, 90), engine(), BreakerPolicy(), SLO)
+    assert overloaded.decisions.get("halve", 0) >= 1 and overloaded.limits[:2] == [
+        (0.0, 128),
+        (overloaded.limits[1][0], 64),
+    ]
+    assert overloaded.limits[1][0] >= EVALUATION_SECONDS, "nothing acts before the first rule evaluation"
+    calm = replay(poisson(1, 60), engine(), BreakerPolicy(), SLO)
+    assert calm.decisions == {} and calm.limits == [(0.0, 128)]
 
 
 def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_default(tmp_path: Path) -> None:
@@ -152,7 +167,8 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
                              + "\n" for r in poisson(5, 90)))  # fmt: skip
     done = subprocess.run(
         [BATCHLENS, "replay", str(trace), "--simulated", "--max-num-seqs", "128", "--policy", "default",
-         "--policy", "static:8", "--policy", "adaptive", "--oracle", "--json", "--out", str(tmp_path / "out")],
+         "--policy", "static:8", "--policy", "breaker", "--policy", "adaptive", "--oracle", "--json", "--out",
+         str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -165,7 +181,8 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
     print(f"default {default['goodput_rps']:.3f}/s, oracle {oracle['policy']} {oracle['goodput_rps']:.3f}/s")
     assert oracle["goodput_rps"] >= 1.5 * default["goodput_rps"], (oracle, default)
     assert default["p99_tpot_s"] > SLO.tpot_seconds, "vLLM's default breaks the TPOT bound here"
-    assert oracle["goodput_rps"] >= max(p["goodput_rps"] for p in policies.values() if p["policy"] != "adaptive")
+    statics = [p["goodput_rps"] for p in policies.values() if p["policy"] in ("default", "static:8")]
+    assert oracle["goodput_rps"] >= max(statics)
     # The controller, from the engine's own metrics only, steers well clear of the default
     # (benchmarks/controller.py compares it with the oracle on four workloads).
     adaptive = policies["adaptive"]
@@ -173,8 +190,9 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
           f"{adaptive['final_limit']}")  # fmt: skip
     assert adaptive["limit_changes"] > 0 and adaptive["goodput_rps"] >= 1.5 * default["goodput_rps"], adaptive
     assert adaptive["decisions"]["pace_over"] > 0 and default["decisions"] is None, adaptive["decisions"]
+    assert adaptive["goodput_rps"] >= policies["breaker"]["goodput_rps"], "never worse than today's breaker"
     rows = list(csv.DictReader((tmp_path / "out" / "replay.csv").open()))
-    assert [r["policy"] for r in rows] == ["default", "static:8", "adaptive", oracle["policy"]]
+    assert [r["policy"] for r in rows] == ["default", "static:8", "breaker", "adaptive", oracle["policy"]]
     assert rows[-1]["oracle"] == "1"
     assert (tmp_path / "out" / "replay.png").read_bytes()[:4] == b"\x89PNG"
     assert "replaying" in done.stderr  # the progress bar

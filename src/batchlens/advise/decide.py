@@ -191,7 +191,9 @@ def decide(e: Evidence, *, requirement: float, latency: str, min_gain: float = D
         add(
             Recommendation(
                 "cold-path threshold (s)",
-                f"{e.interarrival_p90:.3g}",
+                # Two digits: it is interpolated inside one of vLLM's buckets, which is all the precision
+                # it has (a third digit wobbles with the query's alignment from run to run).
+                f"{e.interarrival_p90:.2g}",
                 f"the P90 inter-arrival time (P50 {_fmt(e.interarrival_p50, 's')}, P99 "
                 f"{_fmt(e.interarrival_p99, 's')}): a gap longer than this is a quiet spell, where the "
                 "cold-start limit (batch 1) costs nothing",

@@ -2,15 +2,17 @@
 
 The traffic's shape comes from the arrival series that the batchlens vLLM
 plugin (and the simulator) add (batchlens.arrivals); the request sizes and
-latencies from vLLM's own histograms; throughput per batch limit from
-batchlens' recording rules, as in ``batchlens report``.
+latencies from vLLM's own histograms and counters; the batch limit from the
+exporter's ``batchlens_batch_limit``.
 
 Everything follows the data, not the flags alone: the span is where the data
 starts (a young deployment has less than --range), the tile that finds the
 batch limits is a few scrape intervals (so every limit held that long is
-seen), and each limit's P99 and request count come from vLLM's histogram
-counted over the tiles at that limit: the same requests and the same method as
-the overall P99, so the two can be compared.
+seen), and each limit's P99, request count and throughput come from vLLM's
+own histogram and token counter, counted over the tiles at that limit: the
+same requests and the same method as the overall P99, so the two can be
+compared. Throughput is over the busy tiles only, so the quiet after the
+traffic stops never dilutes the limit it stopped at.
 """
 
 from __future__ import annotations
@@ -20,20 +22,31 @@ from dataclasses import dataclass, field
 
 from batchlens.arrivals import INTERARRIVAL, INTERARRIVAL_SQUARES, REQUESTS
 from batchlens.config import Thresholds
-from batchlens.prometheus_api import Prometheus
-from batchlens.report.data import fetch as fetch_operating_points
+from batchlens.prometheus_api import MAX_POINTS, Prometheus, step_for
 from batchlens.rules.recording import LATENCIES, either
 from batchlens.sweep.knee import Point
 
 BY = "by (vllm_instance)"
 # vLLM's token histograms have 1-2-5 buckets: 2000 is the bound nearest the article's 2048.
 LONG_PROMPT_BOUND = 2000
+GENERATED = "vllm:generation_tokens_total"
 #: A series every engine has, scraped at the exporter's pace: where the data starts, and how often.
 PRESENCE = "vllm:num_requests_running"
 ARTICLE_RESOLUTION = 300.0  # the article compares QPS over 5-minute windows
 WINDOWS_PER_SPAN = 10  # at least this many QPS windows over the data, for a peak and a trough
 TILES_PER_SPAN = 1000  # the finest tiling of the span that finds the batch limits
-SCRAPES_PER_TILE = 4  # a tile holds a few scrapes, so increase() within it is sound
+SCRAPES_PER_TILE = 4  # a tile holds a few scrapes (and a 10% margin), so increase() within it is sound
+
+
+#: Tile lengths, in seconds. A tile is the smallest of these that holds a few scrapes: an estimate of the
+#: scrape interval that wobbles by one sample from run to run must not change the tiles, or every figure
+#: counted over them moves with it.
+NICE_TILES = (5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+
+def nice_seconds(seconds: float) -> int:
+    """The smallest nice tile of at least ``seconds`` (whole hours past the table)."""
+    return next((t for t in NICE_TILES if t >= seconds), 3600 * math.ceil(seconds / 3600))
 
 
 class EvidenceError(Exception):
@@ -70,12 +83,24 @@ class Evidence:
     limits: list[LimitSeen] = field(default_factory=list)  # every batch limit seen, in order
 
 
-def queries(latency: str, range_: str, resolution: str) -> dict[str, str]:
+def over_tiles(inner: str, range_: str, tile: str, *, by: str = "vllm_instance", where: str = "",
+               fold: str = "sum_over_time") -> str:  # fmt: skip
+    """``inner`` (a per-tile increase) folded over the tiles of the range, optionally only where ``where`` holds.
+
+    Tiles sit at fixed multiples of their length, so a tile's increase never changes once it is past: a
+    figure over finished traffic is the same whenever it is asked for. (One increase() over the whole range
+    extrapolates to its moving edges, per bucket, and its quantiles drift in the third digit from run to run.)
+    """
+    return f"sum by ({by}) ({fold}((sum by ({by}) ({inner}) {where})[{range_}:{tile}]))"
+
+
+def queries(latency: str, range_: str, resolution: str, tile: str) -> dict[str, str]:
     def inc(metric: str) -> str:
-        return f"sum {BY} (increase({metric}[{range_}]))"
+        return over_tiles(f"increase({metric}[{tile}])", range_, tile)
 
     def quantile(q: float, metric: str) -> str:
-        return f"histogram_quantile({q}, sum by (vllm_instance, le) (increase({metric}_bucket[{range_}])))"
+        buckets = over_tiles(f"increase({metric}_bucket[{tile}])", range_, tile, by="vllm_instance, le")
+        return f"histogram_quantile({q}, {buckets})"
 
     def rate(metric: str) -> str:
         return f"sum {BY} (rate({metric}[{resolution}]))"
@@ -106,17 +131,19 @@ def queries(latency: str, range_: str, resolution: str) -> dict[str, str]:
 
 
 def per_limit_queries(latency: str, limit: int, range_: str, tile: str) -> dict[str, str]:
-    """Requests and P99 of the latency histogram over the tiles in which the batch limit was ``limit``."""
-    at_limit = f"and on (vllm_instance) (max {BY} (batchlens_batch_limit) == {limit})"
-
-    def over_tiles(inner: str, by: str) -> str:
-        return f"sum by ({by}) (sum_over_time((sum by ({by}) ({inner}) {at_limit})[{range_}:{tile}]))"
-
+    """Over the tiles in which the batch limit was ``limit``: requests and P99 of the latency histogram,
+    output tokens, and how many of those tiles were busy (tokens made). Throughput is tokens over busy
+    time, so the idle spells at a limit (no traffic, or after it stopped) do not dilute it."""
+    at = f"and on (vllm_instance) (max {BY} (batchlens_batch_limit) == {limit})"
     names = LATENCIES[latency]
-    buckets = [over_tiles(f"increase({n}_bucket[{tile}])", "vllm_instance, le") for n in names]
+    buckets = [over_tiles(f"increase({n}_bucket[{tile}])", range_, tile, by="vllm_instance, le", where=at)
+               for n in names]  # fmt: skip
+    tokens = f"increase({GENERATED}[{tile}])"
     return {
-        "requests": either(*(over_tiles(f"increase({n}_count[{tile}])", "vllm_instance") for n in names)),
+        "requests": either(*(over_tiles(f"increase({n}_count[{tile}])", range_, tile, where=at) for n in names)),
         "p99": either(*(f"histogram_quantile(0.99, {b})" for b in buckets)),
+        "tokens": over_tiles(tokens, range_, tile, where=at),
+        "busy_tiles": over_tiles(f"{tokens} > 0", range_, tile, where=at, fold="count_over_time"),
     }
 
 
@@ -131,33 +158,36 @@ async def fetch(
     window = min(span, ARTICLE_RESOLUTION)
     per_window = await prometheus.instant(f"max(count_over_time({PRESENCE}[{int(window)}s]))", end)
     scrape = window / per_window[""] if per_window.get("", 0) > 1 else 15.0
-    tile = max(SCRAPES_PER_TILE * scrape, span / TILES_PER_SPAN)
+    tile = nice_seconds(max(SCRAPES_PER_TILE * scrape * 1.1, span / TILES_PER_SPAN))
     if resolution is None:
-        resolution = min(ARTICLE_RESOLUTION, max(span / WINDOWS_PER_SPAN, tile))
+        resolution = min(ARTICLE_RESOLUTION, nice_seconds(max(span / WINDOWS_PER_SPAN, tile)))
     elif resolution * 2 > span:
         raise EvidenceError(
             f"--resolution {resolution:g}s is more than half of the {span:.0f} s of data there is: "
             f"pick at most {span / 2:.0f}s, or leave it out to choose from the data"
         )
-    # The queries' window reaches a tile before the first sample, so that no run cuts the data's start.
-    range_, step, tile_ = f"{math.ceil(span + tile)}s", f"{max(int(resolution), 1)}s", f"{math.ceil(tile)}s"
+    # The queries' window reaches a tile and the first-sample search's own step before the data: wherever
+    # that search lands, no run cuts the data's start, and every tile with data is counted.
+    margin = tile + step_for(seconds, MAX_POINTS)
+    range_, step, tile_ = f"{math.ceil(span + margin)}s", f"{max(int(resolution), 1)}s", f"{tile}s"
     found: dict[str, Evidence] = {}
 
     def evidence(instance: str) -> Evidence:
         return found.setdefault(instance, Evidence(instance, span, resolution=resolution))
 
-    for name, expr in queries(thresholds.p99_latency, range_, step).items():
+    for name, expr in queries(thresholds.p99_latency, range_, step, tile_).items():
         for instance, value in (await prometheus.instant(expr, end)).items():
             setattr(evidence(instance), name, value)
-    report = await fetch_operating_points(prometheus, thresholds, first, end, math.ceil(tile))
-    for row in report.per_limit():
+    seen = await prometheus.range(f"max {BY} (batchlens_batch_limit)", first, end, tile)
+    for limit in sorted({int(v) for values in seen.values() for v in values.values()}):
         figures = {
             name: await prometheus.instant(expr, end)
-            for name, expr in per_limit_queries(thresholds.p99_latency, row["batch_limit"], range_, tile_).items()
+            for name, expr in per_limit_queries(thresholds.p99_latency, limit, range_, tile_).items()
         }  # fmt: skip
-        instance = row["vllm_instance"]
-        evidence(instance).limits.append(LimitSeen(
-            row["batch_limit"], row["throughput"], figures["p99"].get(instance, math.nan),
-            requests=figures["requests"].get(instance, 0.0), seconds=row["samples"] * math.ceil(tile),
-        ))  # fmt: skip
+        for instance in sorted(instance for instance, values in seen.items() if limit in values.values()):
+            busy = figures["busy_tiles"].get(instance, 0.0) * tile
+            evidence(instance).limits.append(LimitSeen(
+                limit, figures["tokens"].get(instance, 0.0) / busy if busy else math.nan,
+                figures["p99"].get(instance, math.nan), requests=figures["requests"].get(instance, 0.0), seconds=busy,
+            ))  # fmt: skip
     return [found[i] for i in sorted(found)]

@@ -33,8 +33,8 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
 @click.option("--max-model-len", type=click.IntRange(2), default=8192, show_default=True,
               help="Longer requests are refused at arrival, as vLLM does (not good).")  # fmt: skip
 @click.option("--policy", "policies", multiple=True, default=("default",), show_default=True, metavar="POLICY",
-              help="default (the limit is the capacity, vLLM as shipped), static:N, or adaptive (the controller's "
-              "law on the engine's own metrics); repeatable.")  # fmt: skip
+              help="default (the limit is the capacity, vLLM as shipped), static:N, breaker (today's hook, driven "
+              "by its alert), or adaptive (the controller's law on the engine's own metrics); repeatable.")  # fmt: skip
 @click.option("--oracle", is_flag=True, help="Also sweep static limits and report the best one for this trace.")
 @click.option(
     "--slo-ttft", type=float, metavar="SECONDS", help="Good requests' TTFT bound [default: slo.ttft_seconds]."
@@ -80,7 +80,7 @@ def replay(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--slo-ttft/--slo-tpot") from None
     try:
-        chosen = [parse_policy(p, slo) for p in policies]
+        chosen = [parse_policy(p, slo, config.thresholds) for p in policies]
         for policy in chosen:
             policy.initial(max_num_seqs)
     except ValueError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from batchlens.config import Thresholds
 from batchlens.control.law import State, Tuning, decide
 from batchlens.control.signals import EngineSample, read_sample, window
 from batchlens.goodput import Slo
@@ -92,14 +93,18 @@ class Adaptive:
         return self._state.limit
 
 
-POLICIES = ("default", "static:N", "adaptive")
+POLICIES = ("default", "static:N", "breaker", "adaptive")
 
 
-def parse_policy(text: str, slo: Slo) -> Policy:
-    """``default``, ``static:N`` or ``adaptive``; ValueError naming what exists otherwise."""
+def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None) -> Policy:
+    """``default``, ``static:N``, ``breaker`` or ``adaptive``; ValueError naming what exists otherwise."""
     name, _, arg = text.strip().partition(":")
     if name == "adaptive" and not arg:
         return Adaptive(slo)
+    if name == "breaker" and not arg:
+        from batchlens.replay.breaker_policy import BreakerPolicy  # it builds on this module's Signals
+
+        return BreakerPolicy(thresholds)
     if name == "default" and not arg:
         return Static()
     if name == "static":
