@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batchlens.config import Control
 from batchlens.control.law import State, Tuning, decide
 from batchlens.control.signals import Histogram, Window, read_sample, window
+from batchlens.control.steering import Steering, steer, tuning
 from batchlens.goodput import Slo
 
 SLO = Slo(0.5, 0.1)
@@ -122,3 +124,58 @@ def test_on_a_stationary_load_it_converges_below_the_pace_bound(start: int) -> N
     assert max(tail) - min(tail) <= 8, tail  # settled, not oscillating across the range
     # Pace 0.008 + 0.002 x limit must stay within the SLO's bucket, and the law grows while there is headroom.
     assert 0.008 + 0.002 * max(tail) <= 0.15 and min(tail) >= 20, tail
+
+
+# --- live steering (control/steering.py): who owns the limit, tick by tick ---------------------------------------
+
+CONTROL = Control(enabled=True, manual_hold_seconds=60, drain_seconds=5)
+
+
+def tick(state: Steering, *, now: float = 100.0, in_force: int = 32, ours=(32,), breaker_open: bool = False,
+         signals: Window | None = None, capacity: int = 64, control: Control = CONTROL):  # fmt: skip
+    return steer(state, now=now, in_force=in_force, set_by_batchlens=set(ours), breaker_open=breaker_open,
+                 signals=signals, slo=SLO, control=control, capacity=capacity)  # fmt: skip
+
+
+def test_control_starts_at_its_start_limit_and_decides_nothing_without_a_window() -> None:
+    first = tick(Steering())
+    assert (first.state.limit, first.state.seen_limit, first.reason) == (16, 32, "warming_up")
+    small = tick(Steering(), capacity=8, in_force=8)
+    assert small.state.limit == 8, "never above the engine's capacity"
+    bounded = tick(Steering(), control=Control(enabled=True, min_limit=4, max_limit=200), capacity=100)
+    assert bounded.state.limit == 16
+    assert tuning(Control(max_limit=500), 64).max_limit == 64
+
+
+def test_a_hand_on_the_knob_pauses_control_and_it_resumes_from_the_hand_after_the_hold() -> None:
+    steady = Steering(limit=32, seen_limit=32)
+    found = tick(steady, in_force=50, ours=(32,), signals=w(running=32, waiting=9, pace=0.02))
+    assert (found.state.limit, found.reason, found.event) == (50, "manual_hold", "manual")
+    assert found.state.manual_until == 100 + CONTROL.manual_hold_seconds
+    held = tick(found.state, now=150, in_force=50, signals=w(running=50, waiting=9, pace=0.02))
+    assert (held.state.limit, held.reason) == (50, "manual_hold")
+    back = tick(held.state, now=161, in_force=50, signals=w(running=50, waiting=9, pace=0.02))
+    assert back.event == "resumed" and back.state.manual_until == 0 and back.state.limit > 50
+
+
+def test_a_limit_batchlens_set_is_not_mistaken_for_a_hand() -> None:
+    moved = tick(Steering(limit=40, seen_limit=32), in_force=40, ours=(32, 40), signals=w(running=5))
+    assert moved.event == "" and moved.reason == "app_limited" and moved.state.manual_until == 0
+
+
+def test_while_the_breaker_is_open_control_may_cut_but_never_raise() -> None:
+    open_ = Steering(limit=32, seen_limit=16)
+    growth = tick(open_, in_force=16, ours=(16,), breaker_open=True, signals=w(running=16, waiting=50, pace=0.02))
+    assert (growth.state.limit, growth.reason) == (16, "breaker_open"), "follows the breaker's limit, no raise"
+    cut = tick(open_, in_force=16, ours=(16,), breaker_open=True, signals=w(running=16, pace=0.5))
+    assert (cut.state.limit, cut.reason) == (8, "pace_over")
+
+
+def test_attainment_and_goodput_estimates_read_the_buckets_as_a_cdf() -> None:
+    h = itl({0.05: 50, 0.1: 30, 0.2: 20})
+    assert h.share_at_most(0.1) == pytest.approx(0.8) and h.share_at_most(0.09) == pytest.approx(0.68)
+    assert h.share_at_most(5.0) == 1.0 and math.isnan(Histogram().share_at_most(1.0))
+    ttft = Histogram(((0.25, 90.0), (0.5, 100.0), (math.inf, 100.0)))
+    win = Window(2.0, 10, 0, 0.3, 100.0, 0.0, ttft, h, finished_per_second=4.0)
+    assert win.attainment(SLO) == pytest.approx(1.0 * 0.8) and win.goodput(SLO) == pytest.approx(3.2)
+    assert Window(2.0, 0, 0, 0, 0, 0, Histogram(), Histogram()).goodput(SLO) == 0.0

@@ -179,6 +179,28 @@ class Slo(_Section):
     tpot_seconds: float = Field(0.1, gt=0, description="time per output token after the first")
 
 
+class Control(_Section):
+    """The adaptive batch controller, run inside `batchlens remediate` (docs/control.md)."""
+
+    enabled: bool = False
+    interval_seconds: float = Field(2.0, gt=0, le=300, description="how often each engine is read and decided")
+    timeout_seconds: float = Field(2.0, gt=0, le=60, description="per read of an engine's /metrics or admin API")
+    min_limit: int = Field(1, ge=1)
+    max_limit: int | None = Field(None, ge=1, description="default: the engine's capacity; never above it")
+    start_limit: int = Field(16, ge=1, description="where control starts, then grows while the SLO has room")
+    max_step: float = Field(0.5, gt=0, le=1, description="one move is at most this share of the limit")
+    kv_target: float = Field(0.9, gt=0, le=1, description="KV usage the limit is kept under")
+    drain_seconds: float = Field(5.0, ge=0, description="hold after a cut while the running batch drains")
+    manual_hold_seconds: float = Field(600, ge=0, description="a limit set by hand pauses control this long")
+    dry_run: bool = Field(False, description="decide, log and export the target; never set it")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Control:
+        if self.max_limit is not None and self.max_limit < self.min_limit:
+            raise ValueError(f"control.max_limit {self.max_limit} is below control.min_limit {self.min_limit}")
+        return self
+
+
 class Config(_Section):
     engines: list[Engine] = Field(default_factory=list)
     exporter: Exporter = Field(default_factory=Exporter)
@@ -186,6 +208,7 @@ class Config(_Section):
     breaker: Breaker = Field(default_factory=Breaker)
     remediate: Remediate = Field(default_factory=Remediate)
     slo: Slo = Field(default_factory=Slo)
+    control: Control = Field(default_factory=Control)
 
     @model_validator(mode="after")
     def _slo_follows_the_breaker(self) -> Config:

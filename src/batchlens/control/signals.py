@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from batchlens.exporter.parser import ExpositionReader
+from batchlens.goodput import Slo
 from batchlens.rules.recording import KV_USAGE, LATENCIES
 
 #: Each figure under vLLM's current name and, where it was renamed, the older one (the rules' own tables).
@@ -21,6 +22,7 @@ RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 GENERATED = ("vllm:generation_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
+FINISHED = ("vllm:request_success_total",)
 TTFT, ITL = LATENCIES["ttft"], LATENCIES["itl"]
 
 
@@ -54,6 +56,18 @@ class Histogram:
             lower, below = le, cumulative
         return lower
 
+    def share_at_most(self, bound: float) -> float:
+        """The share of observations at or under ``bound``, linear within its bucket; NaN empty."""
+        if self.count <= 0:
+            return math.nan
+        lower, below = 0.0, 0.0
+        for le, cumulative in self.buckets:
+            if bound < le:
+                inside = 0.0 if math.isinf(le) else (bound - lower) / (le - lower)
+                return (below + (cumulative - below) * inside) / self.count
+            lower, below = le, cumulative
+        return 1.0
+
 
 @dataclass(frozen=True)
 class EngineSample:
@@ -65,6 +79,7 @@ class EngineSample:
     preemptions: float
     ttft: Histogram
     itl: Histogram
+    finished: float = 0.0  # requests completed (any finish reason)
 
 
 def read_sample(text: str, time: float) -> EngineSample:
@@ -90,6 +105,7 @@ def read_sample(text: str, time: float) -> EngineSample:
     return EngineSample(
         time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),
         generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
+        finished=first(FINISHED),
     )  # fmt: skip
 
 
@@ -105,6 +121,20 @@ class Window:
     preemptions: float
     ttft: Histogram  # the first tokens given in the window
     itl: Histogram  # the gaps between tokens in the window
+    finished_per_second: float = 0.0
+
+    def attainment(self, slo: Slo) -> float:
+        """An estimate of the share of requests within the SLO: P(TTFT ok) x P(a token's gap ok); NaN idle.
+
+        The engine keeps no per-request TPOT, so a token's gap stands in for its request's mean gap: pessimistic
+        where gaps vary within a request (docs/control.md measures the error against exact client figures).
+        """
+        return self.ttft.share_at_most(slo.ttft_seconds) * self.itl.share_at_most(slo.tpot_seconds)
+
+    def goodput(self, slo: Slo) -> float:
+        """Estimated good requests per second: finished per second x attainment (0 while nothing finishes)."""
+        share = self.attainment(slo)
+        return 0.0 if math.isnan(share) else self.finished_per_second * share
 
 
 def window(earlier: EngineSample, later: EngineSample) -> Window:
@@ -114,4 +144,5 @@ def window(earlier: EngineSample, later: EngineSample) -> Window:
         tokens_per_second=max(later.generated_tokens - earlier.generated_tokens, 0.0) / seconds,
         preemptions=max(later.preemptions - earlier.preemptions, 0.0),
         ttft=later.ttft.minus(earlier.ttft), itl=later.itl.minus(earlier.itl),
+        finished_per_second=max(later.finished - earlier.finished, 0.0) / seconds,
     )  # fmt: skip

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from batchlens import __version__
 from batchlens.config import Config, parse_listen
+from batchlens.control.live import Controller
 from batchlens.http_server import run_app
 from batchlens.remediation.alertmanager import AlertmanagerClient
 from batchlens.remediation.service import Remediator
@@ -65,9 +66,11 @@ class HookCollector:
             for known in BREAKER_STATES:
                 state.add_metric([name, known], 1.0 if s.mode == known else 0.0)
             strikes.add_metric([name], s.strikes)
-            if s.target_limit is not None:
-                target.add_metric([name], s.target_limit)
+            if (wanted := r.target(name)) is not None:
+                target.add_metric([name], wanted)
         yield from (state, strikes, target)
+        if r.controller is not None:
+            yield from _controller_families(r.controller)
         yield _counter(
             "batchlens_remediation_actions", "Decisions and admin API calls, by result.",
             ["vllm_instance", "action", "result"], r.actions,
@@ -78,6 +81,29 @@ class HookCollector:
                        r.pages)  # fmt: skip
         yield _counter("batchlens_webhook_requests", "Webhook requests, by HTTP status.", ["code"],
                        {(str(k),): v for k, v in self._server.requests.items()})  # fmt: skip
+
+
+def _controller_families(c: Controller):
+    target = GaugeMetricFamily("batchlens_controller_target_limit", "The batch limit the controller wants.",
+                               labels=["vllm_instance"])  # fmt: skip
+    attainment = GaugeMetricFamily(
+        "batchlens_controller_slo_attainment",
+        "Estimated share of requests within the SLO over the last minute, from the engine's histograms.",
+        labels=["vllm_instance"],
+    )
+    goodput = GaugeMetricFamily(
+        "batchlens_controller_goodput_rps", "Estimated good requests per second over the last minute.",
+        labels=["vllm_instance"],
+    )  # fmt: skip
+    for name, steering in sorted(c.states.items()):
+        if steering.limit is not None:
+            target.add_metric([name], steering.limit)
+        if (estimate := c.estimates.get(name)) is not None:
+            attainment.add_metric([name], estimate.attainment)
+            goodput.add_metric([name], estimate.goodput_rps)
+    yield from (target, attainment, goodput)
+    yield _counter("batchlens_controller_decisions", "Controller ticks, by what they decided.",
+                   ["vllm_instance", "reason"], c.decisions)  # fmt: skip
 
 
 def _counter(name: str, doc: str, labels: list[str], counts: Mapping[tuple, int]) -> CounterMetricFamily:
@@ -110,10 +136,18 @@ class RemediationServer:
         if self.token is None:
             log.error("%s is not set: the webhook answers 503 until it is", self.config.remediate.webhook_token_env)
         log.info(
-            "engines: %s; alertmanager: %s; state: %s%s",
+            "engines: %s; alertmanager: %s; state: %s; controller: %s%s",
             ", ".join(self.remediator.engines) or "none", am_url or "none (pages are logged)",
-            self.store.path, "; DRY RUN" if self.config.breaker.dry_run else "",
+            self.store.path, self._control_summary(), "; DRY RUN" if self.config.breaker.dry_run else "",
         )  # fmt: skip
+
+    def _control_summary(self) -> str:
+        c = self.config.control
+        if not c.enabled:
+            return "off (control.enabled)"
+        top, slo = c.max_limit or "capacity", self.config.slo
+        return (f"every {c.interval_seconds:g} s, limits {c.min_limit}..{top}, SLO TTFT {slo.ttft_seconds:g} s "
+                f"TPOT {slo.tpot_seconds:g} s{', dry run' if c.dry_run else ''}")  # fmt: skip
 
     async def stop(self, _app: web.Application) -> None:
         self._stop.set()
@@ -173,8 +207,16 @@ class RemediationServer:
                 "engines": engines,
                 "webhook_token": self.token is not None,
                 "dry_run": self.config.breaker.dry_run,
+                "control": self._control_health(),
             }
         )
+
+    def _control_health(self) -> dict:
+        c = self.remediator.controller
+        if c is None:
+            return {"enabled": False}
+        engines = {name: {"limit": s.limit, "manual_hold": s.manual_until > 0} for name, s in c.states.items()}
+        return {"enabled": True, "dry_run": self.config.control.dry_run, "engines": engines}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self.count_requests])

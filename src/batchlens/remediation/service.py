@@ -5,10 +5,13 @@ One asyncio task does all the work, one pass at a time (:meth:`Remediator.step`)
 1. decide every pending delivery, oldest first, and save the state it produced
    together with the delivery's "done" mark (one transaction);
 2. advance recovery on the clock;
-3. apply every target limit the admin API has not confirmed yet. A PUT sets an
+3. when ``control.enabled``, let the controller read and steer the engines
+   that are due (control/live.py): it says which limit each should have, the
+   breaker's target bounding it while the breaker is open;
+4. apply every target limit the admin API has not confirmed yet. A PUT sets an
    absolute value, so repeating one after a crash or a failure never halves
    twice. Failures back off (1, 2, 4, ... 60 s) and are retried until they land;
-4. post the pages the decisions asked for to Alertmanager, retrying likewise.
+5. post the pages the decisions asked for to Alertmanager, retrying likewise.
 
 The webhook only writes the inbox (:meth:`accept`) and wakes the task, so it
 answers in milliseconds whatever the engines are doing.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from batchlens.config import Config
+from batchlens.control.live import Controller
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
 from batchlens.remediation.breaker import Decision, EngineState, Observation, on_firing, on_resolved, on_tick
@@ -87,6 +91,9 @@ class Remediator:
         self._page_backoff = Backoff()
         self._kv_reset_at: dict[str, float] = {}
         self.wake = asyncio.Event()
+        enabled = config.control.enabled
+        self.controller = Controller(config, store, session, self.admins, self.wake.set) if enabled else None
+        self._quiet = min(1.0, config.control.interval_seconds) if self.controller else 1.0
 
     # --- the webhook's part: fast, no network ------------------------------------------------------------
 
@@ -114,7 +121,9 @@ class Remediator:
                 log.exception("remediation pass failed; retrying in 1 s")
             self.wake.clear()
             with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
-                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self.wake.wait(), timeout=self._quiet)
+        if self.controller is not None:
+            await self.controller.close()
 
     async def reconcile(self) -> None:
         """At startup: read every engine's limit, and say what is left to apply."""
@@ -143,6 +152,8 @@ class Remediator:
             decision = on_tick(state, now=now, settings=self.settings)
             if decision.action != "none":
                 self._conclude(name, decision, now)
+        if self.controller is not None:
+            self.controller.tick(now, self.states)
         for name in self.engines:
             await self._apply(name)
         await self._send_pages()
@@ -210,9 +221,16 @@ class Remediator:
         self.store.save(name, state, self.clock(), done=delivery, outcome=outcome)
         self.states[name] = state
 
+    def target(self, name: str) -> int | None:
+        """The limit the hook wants in force: the controller's (bounded by an open breaker), else the breaker's."""
+        state = self.states[name]
+        steered = None if self.controller is None else self.controller.wanted(name, state, self.clock())
+        return state.target_limit if steered is None else steered
+
     async def _apply(self, name: str) -> None:
         state, backoff = self.states[name], self._apply_backoff[name]
-        target = state.target_limit
+        target = self.target(name)
+        loud = target == state.target_limit  # the breaker's acts are news; the controller's moves are logged as INFO
         if target is None or target == state.applied_limit or self.clock() < backoff.retry_at:
             return
         if self.settings.dry_run:
@@ -222,7 +240,12 @@ class Remediator:
             try:
                 reply = await self.admins[name].put(target)
                 result = "ok"
-                log.warning("%s: batch limit set to %d", name, reply.max_num_active_seqs)
+                log.log(
+                    logging.WARNING if loud else logging.INFO,
+                    "%s: batch limit set to %d",
+                    name,
+                    reply.max_num_active_seqs,
+                )
             except AdminCallError as exc:
                 delay = backoff.failed(self.clock())
                 self.actions[(name, "set_limit", exc.reason)] += 1

@@ -6,6 +6,8 @@
   done in the same transaction that saves the state it produced, so after a
   ``kill -9`` nothing is lost and nothing is applied twice: an unfinished
   delivery is decided again, and a decided one is not.
+- ``controllers``: each engine's controller state (:class:`Steering` as JSON),
+  so that a restarted hook steers on from where it was.
 - ``<state_path>.actions.jsonl``: one line per action and per attempt to apply
   it, appended and flushed; ``tail -f`` it at 3 a.m.
 
@@ -22,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlens.control.steering import Steering
 from batchlens.remediation.breaker import EngineState
 
 SCHEMA = """
@@ -42,6 +45,11 @@ CREATE TABLE IF NOT EXISTS inbox (
     outcome TEXT
 );
 CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (done_at, id);
+CREATE TABLE IF NOT EXISTS controllers (
+    vllm_instance TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
 """
 
 
@@ -85,6 +93,13 @@ class Store:
         rows = self._db.execute("SELECT vllm_instance, state FROM engines").fetchall()
         return {name: EngineState.from_dict(json.loads(state)) for name, state in rows}
 
+    def controls(self) -> dict[str, Steering]:
+        rows = self._db.execute("SELECT vllm_instance, state FROM controllers").fetchall()
+        return {name: Steering.from_dict(json.loads(state)) for name, state in rows}
+
+    def save_control(self, instance: str, state: Steering, now: float) -> None:
+        self._upsert("controllers", instance, state.to_dict(), now)
+
     def accept(self, deliveries: list[Delivery]) -> None:
         """Write a notification's deliveries in one transaction (all or none)."""
         with self._transaction():
@@ -109,13 +124,16 @@ class Store:
     ) -> None:
         """Save an engine's state, and mark the delivery that produced it done, atomically."""
         with self._transaction():
-            self._db.execute(
-                "INSERT INTO engines (vllm_instance, state, updated_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (vllm_instance) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
-                (instance, json.dumps(state.to_dict()), now),
-            )
+            self._upsert("engines", instance, state.to_dict(), now)
             if done is not None:
                 self._db.execute("UPDATE inbox SET done_at = ?, outcome = ? WHERE id = ?", (now, outcome, done.id))
+
+    def _upsert(self, table: str, instance: str, state: dict, now: float) -> None:
+        self._db.execute(
+            f"INSERT INTO {table} (vllm_instance, state, updated_at) VALUES (?, ?, ?) "  # table: ours, never input
+            "ON CONFLICT (vllm_instance) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at",
+            (instance, json.dumps(state), now),
+        )
 
     def log_action(self, entry: dict) -> None:
         with self.action_log.open("a") as f:

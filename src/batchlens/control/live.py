@@ -1,0 +1,178 @@
+"""The controller's loop in `batchlens remediate`: read each engine, steer, say what the limit should be.
+
+Every ``control.interval_seconds`` each engine is read directly, not through
+Prometheus (whose scrape lag is too slow for a loop): the admin API for the
+limit in force, and the engine's own ``/metrics`` for the signals. Engines are
+read concurrently and decided independently. The hook's actuator then applies
+:meth:`Controller.wanted` with the breaker's target, so one process, one store
+and one admin client own every limit.
+
+An engine that does not answer, answers late, or answers something that is not
+its metrics is not steered: the tick counts ``no_signal``, logs it once, and its
+next good answer starts a fresh window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from batchlens.config import Config
+from batchlens.control.signals import EngineSample, Window, read_sample, window
+from batchlens.control.steering import Steering, Tick, steer
+from batchlens.exporter.parser import ParseError
+from batchlens.exporter.sampler import SourceError
+from batchlens.exporter.vllm_source import fetch_text
+from batchlens.goodput import Slo
+from batchlens.remediation.admin_client import AdminCallError, AdminClient
+from batchlens.remediation.breaker import EngineState
+from batchlens.remediation.store import Store
+
+log = logging.getLogger("batchlens.control")
+ESTIMATE_SECONDS = 60.0  # the attainment and goodput estimates cover about this much of the past
+
+
+@dataclass(frozen=True)
+class Estimate:
+    attainment: float  # NaN while nothing was served
+    goodput_rps: float
+
+
+class Controller:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        session: aiohttp.ClientSession,
+        admins: Mapping[str, AdminClient],
+        on_decided: Callable[[], None] = lambda: None,
+    ):
+        self.control = config.control
+        self.slo = Slo(config.slo.ttft_seconds, config.slo.tpot_seconds)
+        self.store = store
+        self._session = session
+        self._admins = admins
+        self._limit = config.exporter.max_response_bytes
+        self._urls = {e.name: e.url + "/metrics" for e in config.engines}
+        saved = store.controls()
+        self.states = {name: saved.get(name, Steering()) for name in self._urls}
+        self.decisions: Counter[tuple[str, str]] = Counter()  # (instance, reason)
+        self.estimates: dict[str, Estimate] = {}
+        self._samples: dict[str, deque[EngineSample]] = {name: deque() for name in self._urls}
+        self._due = dict.fromkeys(self._urls, 0.0)
+        self._failing: dict[str, str] = {}  # instance -> the failure last logged
+        self._in_flight: dict[str, asyncio.Task] = {}
+        self._on_decided = on_decided
+
+    def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
+        """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open.
+
+        None leaves the breaker's target alone: control is off for this engine (dry run, paused by hand, or not
+        yet started).
+        """
+        state = self.states[name]
+        if self.control.dry_run or state.limit is None or now < state.manual_until:
+            return None
+        if breaker.mode != "closed" and breaker.target_limit is not None:
+            return min(breaker.target_limit, state.limit)
+        return state.limit
+
+    def tick(self, now: float, breakers: Mapping[str, EngineState]) -> None:
+        """Start a read-and-decide for every engine that is due; each runs on its own, so a hanging engine
+        delays nobody else. ``on_decided`` is called when one finishes, for the hook to apply what it chose."""
+        for name, at in self._due.items():
+            if now >= at and name not in self._in_flight:
+                self._due[name] = now + self.control.interval_seconds
+                task = asyncio.create_task(self._tick_one(name, now, breakers), name=f"control-{name}")
+                self._in_flight[name] = task
+                task.add_done_callback(lambda _t, name=name: self._done(name))
+
+    def _done(self, name: str) -> None:
+        task = self._in_flight.pop(name)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: a controller tick failed", name, exc_info=task.exception())
+        self._on_decided()
+
+    async def close(self) -> None:
+        for task in list(self._in_flight.values()):
+            task.cancel()
+        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+    async def _tick_one(self, name: str, now: float, breakers: Mapping[str, EngineState]) -> None:
+        try:
+            async with asyncio.timeout(self.control.timeout_seconds):
+                batch = await self._admins[name].get()
+                sample = read_sample(await self._fetch(name), now)
+        except TimeoutError:
+            self._not_steered(name, f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)")
+            return
+        except (AdminCallError, SourceError, ParseError) as exc:
+            self._not_steered(name, str(exc))
+            return
+        if self._failing.pop(name, None) is not None:
+            log.info("%s: answering again: steering resumes after one more reading", name)
+        signals = self._remember(name, sample)
+        before, breaker = self.states[name], breakers[name]  # the breaker as it is now, after the reads
+        # Limits the hook set or is setting right now (a PUT may land between our read and its bookkeeping).
+        ours = {breaker.applied_limit, breaker.target_limit, before.limit}
+        result = steer(
+            before, now=now, in_force=batch.max_num_active_seqs, set_by_batchlens=ours,
+            breaker_open=breaker.mode != "closed", signals=signals, slo=self.slo, control=self.control,
+            capacity=batch.max_num_seqs,
+        )  # fmt: skip
+        self.decisions[(name, result.reason)] += 1
+        self._report(name, before, result, signals, batch.max_num_active_seqs)
+        if result.state != before:
+            self.store.save_control(name, result.state, now)
+            self.states[name] = result.state
+
+    def _not_steered(self, name: str, why: str) -> None:
+        self._samples[name].clear()  # the next good answer starts a fresh window
+        self.decisions[(name, "no_signal")] += 1
+        if self._failing.get(name) != why:  # once per kind of failure, not every tick
+            log.warning("%s: not steered: %s; holding the limit, retrying every %g s", name, why,
+                        self.control.interval_seconds)  # fmt: skip
+            self._failing[name] = why
+
+    async def _fetch(self, name: str) -> str:
+        return await fetch_text(self._session, self._urls[name], timeout=self.control.timeout_seconds,
+                                limit=self._limit)  # fmt: skip
+
+    def _remember(self, name: str, sample: EngineSample) -> Window | None:
+        """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""
+        samples = self._samples[name]
+        previous = samples[-1] if samples else None
+        samples.append(sample)
+        while len(samples) > 2 and sample.time - samples[1].time >= ESTIMATE_SECONDS:
+            samples.popleft()
+        if previous is None:
+            return None
+        minute = window(samples[0], sample)
+        self.estimates[name] = Estimate(minute.attainment(self.slo), minute.goodput(self.slo))
+        return window(previous, sample)
+
+    def _report(self, name: str, before: Steering, tick: Tick, signals: Window | None, in_force: int) -> None:
+        if tick.event == "manual":
+            log.warning("%s: the limit is %d, not the %s batchlens set: set by hand (or the engine restarted); "
+                        "the controller follows it and pauses for %g s", name, in_force,
+                        before.seen_limit, self.control.manual_hold_seconds)  # fmt: skip
+        elif tick.event == "resumed":
+            log.info("%s: the manual hold is over: the controller steers again from %d", name, in_force)
+        if tick.state.limit == before.limit or tick.reason in ("manual_hold", "breaker_open"):
+            return
+        pace = "" if signals is None else f"; ITL p90 {signals.itl.quantile(0.9) * 1e3:.0f} ms"
+        facts = (
+            ""
+            if signals is None
+            else (
+                f"{pace} of {self.slo.tpot_seconds * 1e3:.0f} ms, {signals.running:.0f} running, "
+                f"{signals.waiting:.0f} waiting, KV {signals.kv_usage:.0%}"
+            )
+        )
+        log.info("%s: limit %s -> %d (%s%s)%s", name, before.limit, tick.state.limit, tick.reason, facts,
+                 " (dry run)" if self.control.dry_run else "")  # fmt: skip

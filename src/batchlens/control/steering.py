@@ -1,0 +1,99 @@
+"""One engine's controller tick as the hook runs it live: the law, plus what a live engine adds. Pure.
+
+The law (control/law.py) knows only signals. Live, three more things decide
+who owns the limit, checked in this order each tick:
+
+1. **A hand on the knob.** The limit in force changed since the last tick to a
+   value batchlens did not set: somebody set it by hand (or the engine
+   restarted). The controller follows it and pauses for
+   ``control.manual_hold_seconds``; the log says so.
+2. **The breaker.** While it is open it is the outer safety layer: the limit
+   is the smaller of the two, so the controller may still cut, never raise.
+   Its own limit follows the one in force, and when the breaker closes control
+   resumes from there.
+3. **No window yet.** The first tick after a start, or after the engine did
+   not answer, only takes a sample: never act blind. (An engine that does not
+   answer is not steered at all: the hook counts ``no_signal`` and retries.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+from batchlens.config import Control
+from batchlens.control.law import State, Tuning, decide
+from batchlens.control.signals import Window
+from batchlens.goodput import Slo
+
+#: Reasons a tick decides nothing of the law's own, as metric labels (besides the law's reasons).
+LIVE_REASONS = ("manual_hold", "breaker_open", "no_signal", "warming_up")
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What the controller keeps of an engine across ticks and restarts (the hook's store holds it)."""
+
+    limit: int | None = None  # the controller's limit; None until its first tick
+    hold_until: float = 0.0  # the law's drain pause
+    seen_limit: int | None = None  # the limit in force at the last tick
+    manual_until: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"limit": self.limit, "hold_until": self.hold_until, "seen_limit": self.seen_limit,
+                "manual_until": self.manual_until}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Steering:
+        return cls(**{k: data[k] for k in ("limit", "hold_until", "seen_limit", "manual_until") if k in data})
+
+
+@dataclass(frozen=True)
+class Tick:
+    state: Steering
+    reason: str  # one of the law's reasons or LIVE_REASONS
+    event: str = ""  # "manual": this tick found a hand on the knob; "resumed": its pause just ended
+
+
+def tuning(control: Control, capacity: int) -> Tuning:
+    """The law's bounds for an engine: the config's, never above its capacity."""
+    top = min(control.max_limit or capacity, capacity)
+    return Tuning(
+        min_limit=min(control.min_limit, top), max_limit=top, start_limit=control.start_limit,
+        kv_target=control.kv_target, drain_seconds=control.drain_seconds, max_step=control.max_step,
+    )  # fmt: skip
+
+
+def steer(
+    state: Steering,
+    *,
+    now: float,
+    in_force: int,
+    set_by_batchlens: Collection[int | None],
+    breaker_open: bool,
+    signals: Window | None,  # None: the first sample since the start or since the engine last failed
+    slo: Slo,
+    control: Control,
+    capacity: int,
+) -> Tick:
+    """``in_force``: the limit the admin API reports; ``set_by_batchlens``: the limits the hook put or is putting."""
+    bounds = tuning(control, capacity)
+    if state.limit is None:
+        state = replace(state, limit=min(max(bounds.start_limit, bounds.min_limit), bounds.max_limit))
+    moved = state.seen_limit is not None and in_force != state.seen_limit
+    state = replace(state, seen_limit=in_force)
+    if moved and in_force not in set_by_batchlens:
+        held = replace(state, limit=in_force, manual_until=now + control.manual_hold_seconds)
+        return Tick(held, "manual_hold", "manual")
+    if now < state.manual_until:
+        return Tick(replace(state, limit=in_force), "manual_hold")
+    event = "resumed" if state.manual_until else ""
+    state = replace(state, manual_until=0.0)
+    if breaker_open:
+        state = replace(state, limit=in_force)
+    if signals is None:
+        return Tick(state, "warming_up", event)
+    decision = decide(State(state.limit, state.hold_until), signals, now, slo, bounds)
+    if breaker_open and decision.limit >= in_force:
+        return Tick(state, "breaker_open", event)
+    return Tick(replace(state, limit=decision.limit, hold_until=decision.state.hold_until), decision.reason, event)

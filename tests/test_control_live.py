@@ -1,0 +1,129 @@
+"""The controller inside `batchlens remediate`, a real process over real HTTP: who owns the limit, and faults.
+
+Fake boundary: `Upstreams` (harness/upstreams.py) plays the engines. Each serves a real vLLM 0.32
+exposition and the admin API, and can be told to hang. The law's own choices are tested pure in
+test_control_law.py; the controller steering the simulator under load is in test_control_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from harness.exporter import one, pick
+from harness.remediate import RemediateProcess, alert, notification
+from test_remediate import eventually
+
+pytestmark = pytest.mark.slow
+TOKEN = "engine-admin-token"
+CONTROL = {"enabled": True, "interval_seconds": 0.2, "timeout_seconds": 0.5, "manual_hold_seconds": 2}
+
+
+def engine(upstreams, name: str, exposition: str, limit: int = 64) -> str:
+    admin = {"max_num_seqs": 64, "max_num_active_seqs": limit, "num_running": 0, "num_waiting": 0}
+    return upstreams.add(name, text=exposition, admin=admin, admin_token=TOKEN)
+
+
+def limit_of(upstreams, name: str) -> int:
+    return upstreams.engines[name].admin["max_num_active_seqs"]
+
+
+def set_by_hand(url: str, limit: int) -> None:
+    body = json.dumps({"max_num_active_seqs": limit}).encode()
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    req = urllib.request.Request(url + "/batchlens/v1/batch", data=body, method="PUT", headers=headers)
+    with urllib.request.urlopen(req, timeout=5) as reply:
+        assert reply.status == 200
+
+
+def decisions(hook: RemediateProcess, name: str, reason: str) -> float:
+    return hook_decisions(hook, name).get(reason, 0.0)
+
+
+def target(hook: RemediateProcess, name: str) -> float:
+    return one(hook.samples(), "batchlens_controller_target_limit", vllm_instance=name)
+
+
+def hook_with(tmp_path, *engines: tuple[str, str], **control) -> RemediateProcess:
+    config = {"engines": [{"name": n, "url": u} for n, u in engines], "control": {**CONTROL, **control}}
+    return RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": TOKEN})
+
+
+def test_a_hand_on_the_knob_pauses_control_and_kill_9_keeps_where_it_was(tmp_path, upstreams, vllm_exposition):
+    url = engine(upstreams, "a", vllm_exposition)
+    hook = hook_with(tmp_path, ("a", url))
+    try:
+        eventually(lambda: limit_of(upstreams, "a") == 16, "control starting at its start_limit, 16")
+        set_by_hand(url, 40)
+        eventually(lambda: "set by hand" in hook.process.log_path.read_text(), "the log naming the hand")
+        assert decisions(hook, "a", "manual_hold") >= 1
+        time.sleep(1.0)
+        assert limit_of(upstreams, "a") == 40, "the hand's limit stands during the hold"
+        eventually(lambda: "steers again from 40" in hook.process.log_path.read_text(), "the hold ending", 5)
+        hook.kill9()
+        hook.start()
+        assert target(hook, "a") == 40, "the restarted hook steers on from its saved state, not from start_limit"
+        time.sleep(1.0)
+        assert limit_of(upstreams, "a") == 40
+        assert decisions(hook, "a", "manual_hold") == 0, "its own limit is not taken for a hand after a restart"
+    finally:
+        hook.stop()
+
+
+def test_a_hanging_engine_is_held_and_retried_while_the_other_is_steered(tmp_path, upstreams, vllm_exposition):
+    ok, stuck = engine(upstreams, "ok", vllm_exposition), engine(upstreams, "stuck", vllm_exposition)
+    hook = hook_with(tmp_path, ("ok", ok), ("stuck", stuck))
+    try:
+        eventually(lambda: limit_of(upstreams, "stuck") == 16, "both engines steered")
+        upstreams.engines["stuck"].behavior = "hang"
+        eventually(lambda: decisions(hook, "stuck", "no_signal") >= 2, "the hanging engine counted, twice")
+        before = sum(v for k, v in hook_decisions(hook, "ok").items() if k != "no_signal")
+        time.sleep(1.5)
+        after = sum(v for k, v in hook_decisions(hook, "ok").items() if k != "no_signal")
+        assert after - before >= 3, "a hanging engine does not hold up the others' ticks (every 0.2 s)"
+        assert limit_of(upstreams, "stuck") == 16, "never acted on blind"
+        log = hook.process.log_path.read_text()
+        assert log.count("stuck: not steered: no answer within 0.5 s") == 1, "logged once, not every tick"
+        upstreams.engines["stuck"].behavior = "garbage"
+        eventually(lambda: "stuck: not steered: " in log_after(hook, log), "garbage counted as no signal")
+        upstreams.engines["stuck"].behavior = "ok"
+        eventually(lambda: "stuck: answering again" in hook.process.log_path.read_text(), "the engine back")
+        assert hook.health()["status"] == "ok"
+    finally:
+        hook.stop()
+
+
+def hook_decisions(hook: RemediateProcess, name: str) -> dict[str, float]:
+    found = pick(hook.samples(), "batchlens_controller_decisions_total", vllm_instance=name)
+    return {dict(labels)["reason"]: value for labels, value in found.items()}
+
+
+def log_after(hook: RemediateProcess, earlier: str) -> str:
+    return hook.process.log_path.read_text()[len(earlier) :]
+
+
+def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstreams, vllm_exposition) -> None:
+    url = engine(upstreams, "a", vllm_exposition)
+    hook = hook_with(tmp_path, ("a", url))
+    try:
+        eventually(lambda: limit_of(upstreams, "a") == 16, "control at 16")
+        hook.post(notification(alert("a")))
+        eventually(lambda: limit_of(upstreams, "a") == 8, "the breaker halving the controller's 16")
+        eventually(lambda: decisions(hook, "a", "breaker_open") >= 3, "control yielding while the breaker is open")
+        assert limit_of(upstreams, "a") == 8
+        assert target(hook, "a") == 8
+    finally:
+        hook.stop()
+    dry = engine(upstreams, "dry", vllm_exposition, limit=48)
+    (tmp_path / "dry").mkdir()
+    hook = hook_with(tmp_path / "dry", ("dry", dry), dry_run=True)
+    try:
+        eventually(lambda: "(dry run)" in hook.process.log_path.read_text(), "the dry run's decision logged")
+        assert target(hook, "dry") == 16
+        time.sleep(0.5)
+        assert limit_of(upstreams, "dry") == 48, "a dry run never sets a limit"
+    finally:
+        hook.stop()
