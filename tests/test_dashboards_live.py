@@ -1,8 +1,8 @@
 """Every dashboard query against a real Prometheus holding real data, and `batchlens report` on it.
 
 The stack: the simulator (standing in for vLLM on a GPU) -> the exporter -> Prometheus 2.42 running the
-committed rule files, and the remediation hook (in dry run, fed breaker notifications). Load runs while the
-batch limit steps 1 -> 4 -> 16, so the operating points differ.
+committed rule files, and the remediation hook (breaker and controller in dry run, fed breaker
+notifications). Load runs while the batch limit steps 1 -> 4 -> 16, so the operating points differ.
 Grafana is the fake boundary (harness/grafana.py): the test fills the variables, runs each panel's
 queries as Grafana would, and applies the panel's transformations to the results.
 """
@@ -52,11 +52,12 @@ def stack(tmp_path_factory):
     exporter = ExporterProcess(
         tmp, [], interval=0.5, extra_args=("--config", str(config)), env={"BATCHLENS_ADMIN_TOKEN": sim.token}
     )
-    # The hook in dry run: its breaker state, strikes and actions fill the breaker dashboard, while the
-    # batch limit stays the test's to step.
+    # The hook in dry run: its breaker state, strikes and actions and its controller's estimates and decisions
+    # fill the control dashboard, while the batch limit stays the test's to step.
     breaker = {"dry_run": True, "cooldown_seconds": 1, "overload_queue_ratio": 100}
-    hook = RemediateProcess(tmp, {"engines": [{"name": "sim", "url": sim.url}], "breaker": breaker},
-                            env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
+    control = {"enabled": True, "dry_run": True, "interval_seconds": 0.5}
+    hook = RemediateProcess(tmp, {"engines": [{"name": "sim", "url": sim.url}], "breaker": breaker,
+                                  "control": control}, env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
     prometheus = PrometheusServer(
         tmp / "prom",
         [

@@ -1,4 +1,10 @@
-"""Breaker and remediation: what the hook did to each engine's batch limit, and why."""
+"""Control and breaker: who set each engine's batch limit, to what, and why.
+
+The controller steers the limit (its target, its SLO-attainment and goodput
+estimates, its decisions by reason); the breaker is the safety layer around it
+(state, strikes, actions, the alerts that drove it). The uid stays
+``batchlens-breaker`` so that links in pages and runbooks keep working.
+"""
 
 from __future__ import annotations
 
@@ -53,6 +59,29 @@ def breaker(thresholds: Thresholds) -> dict:
     )
     panels = place(
         [
+            (
+                8,
+                [
+                    (timeseries("SLO attainment (the controller's estimate)",
+                                (f"max by (vllm_instance) (batchlens_controller_slo_attainment{{{INSTANCE}}})",
+                                 "{{vllm_instance}}"),
+                                unit="percentunit",
+                                description="Share of requests within the SLO over the last minute, estimated from "
+                                            "the engine's own histograms (TTFT within slo.ttft_seconds and token "
+                                            "gaps within slo.tpot_seconds)."), 8),
+                    (timeseries("Goodput (the controller's estimate)",
+                                (f"max by (vllm_instance) (batchlens_controller_goodput_rps{{{INSTANCE}}})",
+                                 "{{vllm_instance}}"), unit="reqps",
+                                description="Requests finished per second x the estimated SLO attainment."), 8),
+                    (timeseries("Controller decisions by reason",
+                                ("sum by (reason) (increase(batchlens_controller_decisions_total"
+                                 f"{{{INSTANCE}}}[$__rate_interval]))", "{{reason}}"),
+                                drawStyle="bars",
+                                description="What each tick decided: headroom and slow_start grow, pace_over and "
+                                            "kv_ceiling cut, drain waits after a cut; manual_hold, breaker_open "
+                                            "and no_signal mean control is paused (docs/control.md)."), 8),
+                ],
+            ),
             (6, [(timeline, 24)]),
             (
                 8,
@@ -60,11 +89,15 @@ def breaker(thresholds: Thresholds) -> dict:
                     (timeseries("Strikes", (f"max by (vllm_instance) (batchlens_breaker_strikes{{{INSTANCE}}})",
                                             "{{vllm_instance}}"),
                                 description="Consecutive breaker actions; cold start at the configured strikes."), 8),
-                    (timeseries("Batch limit: in force and the hook's target",
+                    (timeseries("Batch limit: in force, the hook's target, the controller's",
                                 (f"max by (vllm_instance) (batchlens_batch_limit{{{INSTANCE}}})",
                                  "{{vllm_instance}} in force"),
                                 (f"max by (vllm_instance) (batchlens_batch_limit_target{{{INSTANCE}}})",
-                                 "{{vllm_instance}} target")), 8),
+                                 "{{vllm_instance}} target"),
+                                (f"max by (vllm_instance) (batchlens_controller_target_limit{{{INSTANCE}}})",
+                                 "{{vllm_instance}} controller"),
+                                description="The controller's limit is in force unless the breaker is open (then "
+                                            "the smaller one), a hand set it, or control is in dry run."), 8),
                     (timeseries("Remediation actions",
                                 ("sum by (action, result) (increase(batchlens_remediation_actions_total"
                                  f"{{{INSTANCE}}}[$__rate_interval]))", "{{action}} {{result}}"),
@@ -84,7 +117,24 @@ def breaker(thresholds: Thresholds) -> dict:
     )  # fmt: skip
     return dashboard(
         "breaker",
-        "Breaker and remediation",
-        "The P99 breaker per engine: its state, strikes, the limits it set, and the alerts that drove it.",
+        "Control and breaker",
+        "Per engine: the controller's batch limit and its SLO estimates, and the P99 breaker around it (its "
+        "state, strikes, the limits it set, and the alerts that drove it).",
         panels,
+        annotations=[PAUSED],
     )
+
+
+#: When control stops steering an engine: a hand set the limit, the breaker opened, or the engine went silent.
+PAUSED = {
+    "name": "Controller paused",
+    "datasource": DATASOURCE,
+    "enable": True,
+    "iconColor": "purple",
+    "expr": "sum by (vllm_instance, reason) (increase(batchlens_controller_decisions_total"
+    f'{{{INSTANCE}, reason=~"manual_hold|breaker_open|no_signal"}}[1m])) > 0',
+    "step": "30s",
+    "titleFormat": "Controller paused on {{vllm_instance}}: {{reason}}",
+    "textFormat": "",
+    "tagKeys": "vllm_instance,reason",
+}

@@ -180,7 +180,7 @@ ACTIONS = [
 ]
 
 
-def dashboard(key: str, title: str, description: str, panels: list[Panel]) -> dict:
+def dashboard(key: str, title: str, description: str, panels: list[Panel], annotations: Iterable[dict] = ()) -> dict:
     """The dashboard's JSON: shared variables, links to its siblings, ids assigned."""
     board = Dashboard(
         title=f"batchlens · {title}",
@@ -206,5 +206,5 @@ def dashboard(key: str, title: str, description: str, panels: list[Panel]) -> di
         schemaVersion=SCHEMA_VERSION,
     ).auto_panel_ids()
     data = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))  # plain dicts, all the way down
-    data["annotations"]["list"].extend(ACTIONS)
+    data["annotations"]["list"].extend([*ACTIONS, *annotations])
     return data
