@@ -95,6 +95,7 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
             time.sleep(3)
         print(f"overview has data and the hook got the breaker after {time.monotonic() - t0:.1f} s")
         assert pick(hook, "batchlens_remediation_deliveries_total")  # decided, whatever the decision
+        assert pick(hook, "batchlens_controller_decisions_total", vllm_instance="demo"), "the demo steers by default"
     finally:
         if demo.alive():
             demo.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends

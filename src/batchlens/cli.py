@@ -387,11 +387,17 @@ REPORT_POINTS = 600
               help="Add this to every port (8000, 9090, 9093, 9400, 9401, 3000) to run beside others.")  # fmt: skip
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="The simulator's speed (simulated seconds per second).")  # fmt: skip
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=2.5, show_default=True,
               help="Requests per second of the load generator (bursty arrivals).")  # fmt: skip
 @click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True,
               help="The simulated engine's batch capacity.")  # fmt: skip
-def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs: int) -> None:
+@click.option(
+    "--steer/--no-steer",
+    default=True,
+    show_default=True,
+    help="Run the adaptive controller in the hook; --no-steer leaves the breaker alone, to compare.",
+)
+def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs: int, steer: bool) -> None:
     """Run the whole stack natively, without Docker, until Ctrl-C.
 
     The simulator (a vLLM stand-in with a simulated A100) under bursty load, the
@@ -407,7 +413,7 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
 
     writable_folder(run_dir, "--run-dir")
     try:
-        run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs,
+        run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs, steer=steer,
                  config=load_or_fail(None, {})))  # fmt: skip
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None

@@ -65,12 +65,13 @@ def secret(path: Path) -> str:
 
 
 class Demo:
-    def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 4.0,
-                 max_num_seqs: int = 64, config: Config | None = None):  # fmt: skip
+    def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 2.5,
+                 max_num_seqs: int = 64, steer: bool = True, config: Config | None = None):  # fmt: skip
         self.run = run_dir.resolve()
         self.stack = self.run / "stack"  # alerts/, dashboards/, provisioning/ as `batchlens build` writes them
         self.config = config or Config()  # its thresholds shape the rules and dashboards
         self.offset, self.speed, self.rate, self.max_num_seqs = offset, speed, rate, max_num_seqs
+        self.steer = steer  # run the controller (else the breaker alone acts, as before stage 3)
         self.address = native(offset)
         self.services: list[Service] = []
         self.missing: dict[str, str] = {}
@@ -91,6 +92,9 @@ class Demo:
             "exporter": {"listen": self.address("exporter"), "nvml": False},  # the simulator is the GPU here
             "remediate": {"listen": self.address("remediate"), "state_path": str(self.run / "remediate.sqlite"),
                           "alertmanager_url": self.url("alertmanager")},
+            # The controller steers the batch limit; the breaker stays the safety layer around it.
+            "control": {"enabled": self.steer, "interval_seconds": 2 / self.speed,
+                        "drain_seconds": 5 / self.speed},
         }, sort_keys=False))  # fmt: skip
         services = [
             Service("simulate", [*BATCHLENS, "simulate", "--listen", self.address("simulate"), "--speed",
