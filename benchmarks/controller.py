@@ -4,8 +4,10 @@
 
 On the simulator's article-calibrated engine (A100-80GB, a 7B model, max_num_seqs 256), four workloads
 of chat requests (prompts of 256-1024 tokens, answers of 64-256) are replayed under `default`, `breaker`
-(today's hook, driven by its alert), `adaptive` and every static limit the oracle tries
-(batchlens.replay.simulated.oracle), all judged by goodput at the default SLO (TTFT 0.5 s, TPOT 0.1 s):
+(today's hook, driven by its alert), `pid` (the article's PID on the pace margin, every 30 s), `pid+ttft`
+(the same with the TTFT margin too), `adaptive` (the gradient law the controller ships) and every static
+limit the oracle tries (batchlens.replay.simulated.oracle), all judged by goodput at the default SLO (TTFT
+0.5 s, TPOT 0.1 s):
 1. steady: Poisson arrivals at 3.6 requests/s (about 0.8x what this engine serves within the SLO);
 2. bursty: Gamma gaps with a coefficient of variation of 2, same mean rate;
 3. phase: a third of the run chat, a third with prompts of 3000-5000 tokens, a third chat again;
@@ -22,6 +24,7 @@ import random
 import time
 from collections.abc import Callable
 
+from batchlens.control.pid import Gains
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
 from batchlens.replay.policies import Adaptive, Static
@@ -73,18 +76,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     ratios = {}
-    print(f"{'workload':10} {'requests':>8} {'default':>9} {'breaker':>9} {'adaptive':>9} {'best static':>17} "
-          f"{'adapt/best':>10} {'adapt/default':>13} {'adapt/breaker':>13} {'wall s':>7}")  # fmt: skip
+    print(f"{'workload':10} {'requests':>8} {'default':>9} {'breaker':>9} {'pid+ttft':>9} {'pid':>9} {'adaptive':>9} "
+          f"{'best static':>17} {'pid/best':>8} {'adapt/best':>10} {'adapt/default':>13} {'adapt/breaker':>13} "
+          f"{'wall s':>7}")  # fmt: skip
     for name, trace in workloads(args.seconds, args.seed).items():
         started = time.perf_counter()
         default = replay(trace, engine(), Static(), SLO).judgement.goodput_rps
         breaker = replay(trace, engine(), BreakerPolicy(), SLO).judgement.goodput_rps
+        pid_ttft = replay(trace, engine(), Adaptive(SLO, pid=Gains(ttft=True)), SLO).judgement.goodput_rps
+        pid = replay(trace, engine(), Adaptive(SLO, pid=Gains()), SLO).judgement.goodput_rps
         adaptive = replay(trace, engine(), Adaptive(SLO), SLO).judgement.goodput_rps
         best, _ = oracle(trace, engine, SLO)
         best_rps = best.judgement.goodput_rps
         ratios[name] = ratio(adaptive, best_rps)
-        print(f"{name:10} {len(trace):8d} {default:9.3f} {breaker:9.3f} {adaptive:9.3f} {best.policy:>9} "
-              f"{best_rps:7.3f} {ratios[name]:10.2f} {ratio(adaptive, default):13.2f} {ratio(adaptive, breaker):13.2f} "
+        print(f"{name:10} {len(trace):8d} {default:9.3f} {breaker:9.3f} {pid_ttft:9.3f} {pid:9.3f} {adaptive:9.3f} "
+              f"{best.policy:>9} {best_rps:7.3f} {ratio(pid, best_rps):8.2f} {ratios[name]:10.2f} "
+              f"{ratio(adaptive, default):13.2f} {ratio(adaptive, breaker):13.2f} "
               f"{time.perf_counter() - started:7.1f}")  # fmt: skip
     print(f"adaptive/best_static min {min(v for k, v in ratios.items() if k != 'steady'):.2f}")
 

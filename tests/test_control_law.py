@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from batchlens.config import Control
 from batchlens.control.law import State, Tuning, decide
+from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
 from batchlens.control.steering import Steering, steer, tuning
 from batchlens.goodput import Slo
@@ -179,3 +180,20 @@ def test_attainment_and_goodput_estimates_read_the_buckets_as_a_cdf() -> None:
     win = Window(2.0, 10, 0, 0.3, 100.0, 0.0, ttft, h, finished_per_second=4.0)
     assert win.attainment(SLO) == pytest.approx(1.0 * 0.8) and win.goodput(SLO) == pytest.approx(3.2)
     assert Window(2.0, 0, 0, 0, 0, 0, Histogram(), Histogram()).goodput(SLO) == 0.0
+
+
+# --- the article's PID (control/pid.py), kept to compare with the gradient law ------------------------------------
+
+
+def test_the_pid_grows_on_margin_with_a_queue_cuts_on_a_broken_pace_and_stays_in_bounds() -> None:
+    gains = Gains()
+    grown, reason = decide_pid(PidState(16), w(running=16, waiting=20, pace=0.025), SLO, TUNING, gains)
+    assert reason == "pid_up" and grown.limit > 16 and grown.integral > 0
+    held, reason = decide_pid(PidState(16), w(running=10, pace=0.025), SLO, TUNING, gains)
+    assert (held.limit, reason) == (16, "pid_hold"), "margin without a queue is no reason to grow"
+    cut, reason = decide_pid(PidState(32), w(running=32, waiting=20, pace=0.3), SLO, TUNING, gains)
+    assert reason == "pid_down" and 16 <= cut.limit < 32, "a broken pace cuts, at most max_step at once"
+    top, _ = decide_pid(PidState(64), w(running=64, waiting=99, pace=0.01), SLO, TUNING, gains)
+    assert top.limit == TUNING.max_limit
+    idle, reason = decide_pid(PidState(8), w(running=0), SLO, TUNING, gains)
+    assert (idle, reason) == (PidState(8), "idle")

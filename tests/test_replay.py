@@ -139,6 +139,7 @@ def test_a_replay_is_deterministic_and_refuses_what_vllm_would() -> None:
 def test_policies_parse_and_refuse_nonsense() -> None:
     assert parse_policy("default", SLO) == Static() and parse_policy("static:16", SLO) == Static(16)
     assert parse_policy("breaker", SLO).name == "breaker" and parse_policy("adaptive", SLO).name == "adaptive"
+    assert parse_policy("pid", SLO).name == "pid" and parse_policy("pid", SLO).tick_seconds == 30
     for bad in ("static:0", "static:x", "adaptiv", "default:3", "breaker:2"):
         with pytest.raises(ValueError):
             parse_policy(bad, SLO)

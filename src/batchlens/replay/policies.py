@@ -14,6 +14,7 @@ from typing import Protocol
 
 from batchlens.config import Thresholds
 from batchlens.control.law import State, Tuning, decide
+from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import EngineSample, read_sample, window
 from batchlens.goodput import Slo
 
@@ -65,14 +66,16 @@ class Static:
 
 
 class Adaptive:
-    """The controller's law, on the engine's own metrics, every ``tick_seconds``."""
+    """A control law on the engine's own metrics, every ``tick_seconds``: ``adaptive`` is the gradient law
+    the controller ships (control/law.py); ``pid`` is the article's PID (control/pid.py), every 30 s."""
 
-    name = "adaptive"
     wants_metrics = True
 
-    def __init__(self, slo: Slo, tuning: Tuning | None = None, tick_seconds: float = 2.0):
-        self.slo, self.tuning, self.tick_seconds = slo, tuning, tick_seconds
-        self._state: State | None = None
+    def __init__(self, slo: Slo, tuning: Tuning | None = None, tick_seconds: float = 2.0, *, pid: Gains | None = None):
+        self.slo, self.tuning, self.pid = slo, tuning, pid
+        self.name = "adaptive" if pid is None else "pid"
+        self.tick_seconds = tick_seconds if pid is None else pid.period_seconds
+        self._state: State | PidState | None = None
         self._previous: EngineSample | None = None
         self.decisions: dict[str, int] = {}
 
@@ -80,27 +83,33 @@ class Adaptive:
         self.tuning = self.tuning or Tuning(max_limit=capacity)
         self.tuning = replace(self.tuning, max_limit=min(self.tuning.max_limit, capacity))
         start = min(max(self.tuning.start_limit, self.tuning.min_limit), self.tuning.max_limit)
-        self._state, self._previous = State(start), None
+        self._state, self._previous = (State(start) if self.pid is None else PidState(start)), None
         return self._state.limit
 
     def decide(self, signals: Signals) -> int:
         sample = read_sample(signals.exposition, signals.now)
         if self._previous is not None:
-            decision = decide(self._state, window(self._previous, sample), signals.now, self.slo, self.tuning)
-            self._state = decision.state
-            self.decisions[decision.reason] = self.decisions.get(decision.reason, 0) + 1
+            seen = window(self._previous, sample)
+            if self.pid is None:
+                decision = decide(self._state, seen, signals.now, self.slo, self.tuning)
+                self._state, reason = decision.state, decision.reason
+            else:
+                self._state, reason = decide_pid(self._state, seen, self.slo, self.tuning, self.pid)
+            self.decisions[reason] = self.decisions.get(reason, 0) + 1
         self._previous = sample
         return self._state.limit
 
 
-POLICIES = ("default", "static:N", "breaker", "adaptive")
+POLICIES = ("default", "static:N", "breaker", "adaptive", "pid")
 
 
 def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None) -> Policy:
-    """``default``, ``static:N``, ``breaker`` or ``adaptive``; ValueError naming what exists otherwise."""
+    """``default``, ``static:N``, ``breaker``, ``adaptive`` or ``pid``; ValueError naming what exists otherwise."""
     name, _, arg = text.strip().partition(":")
     if name == "adaptive" and not arg:
         return Adaptive(slo)
+    if name == "pid" and not arg:
+        return Adaptive(slo, pid=Gains())
     if name == "breaker" and not arg:
         from batchlens.replay.breaker_policy import BreakerPolicy  # it builds on this module's Signals
 
