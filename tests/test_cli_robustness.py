@@ -92,6 +92,11 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("unknown format", ["{unsorted}", "--simulated", "--format", "parquet"]),
         ("zero SLO", ["{unsorted}", "--simulated", "--slo-ttft", "0"]),
         ("unwritable out", ["{unsorted}", "--simulated", "--out", "{unwritable}"]),
+        ("url down", ["{unsorted}", "--url", "{refused}"]),
+        ("url never answers", ["{unsorted}", "--url", "{silent}"]),
+        ("url of another protocol", ["{unsorted}", "--url", "{html}"]),
+        ("two targets", ["{unsorted}", "--simulated", "--url", "{refused}"]),
+        ("a policy against a url", ["{unsorted}", "--url", "{refused}", "--policy", "static:4"]),
     ],
     "lint-config": [
         ("missing file", ["{tmp}/nothing.yaml"]),

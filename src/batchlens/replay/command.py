@@ -1,4 +1,4 @@
-"""`batchlens replay`: the click wiring. The work is in traces.py, simulated.py and output.py."""
+"""`batchlens replay`: the click wiring. The work is in traces.py, simulated.py, live.py and output.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from batchlens.clikit import config_option, load, writable_folder
+from batchlens.clikit import HttpUrl, config_option, load, writable_folder
 from batchlens.replay.traces import FORMATS
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
@@ -24,8 +24,12 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               help="Replay this much of the trace [default: all of it].")  # fmt: skip
 @click.option("--rate-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="X times the request rate, same shape: the gaps between arrivals divided by X.")  # fmt: skip
-@click.option("--simulated", is_flag=True, required=True,
+@click.option("--simulated", is_flag=True,
               help="Replay on the simulator's engine model, in simulated time (deterministic, fast).")  # fmt: skip
+@click.option("--url", type=HttpUrl("http://127.0.0.1:8000", strip=("/v1",)),
+              help="Or replay in real time against this server (vLLM, batchlens simulate), streaming every "
+              "request; its batch limit is whatever steers it (batchlens remediate with control.enabled).")  # fmt: skip
+@click.option("--served-model", metavar="NAME", help="With --url: the model to ask for [default: the first listed].")
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True)
 @click.option("--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(1), default=256, show_default=True,
@@ -47,8 +51,9 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
 @click.option("--out", type=click.Path(file_okay=False), metavar="DIR", help="Write replay.csv and replay.png here.")
 @config_option
 def replay(
-    trace: str, fmt: str, start: float, duration: float | None, rate_scale: float, simulated: bool, gpu_name: str,
-    model_profile: str, max_num_seqs: int, max_model_len: int, policies: tuple[str, ...], oracle: bool,
+    trace: str, fmt: str, start: float, duration: float | None, rate_scale: float, simulated: bool,
+    url: str | None, served_model: str | None, gpu_name: str, model_profile: str, max_num_seqs: int,
+    max_model_len: int, policies: tuple[str, ...], oracle: bool,
     slo_ttft: float | None, slo_tpot: float | None, as_json: bool, out: str | None, config_path: str | None,
 ) -> None:  # fmt: skip
     """Replay a recorded workload under batch-limit policies, and judge each by goodput.
@@ -62,9 +67,16 @@ def replay(
     whole trace first.
 
     \b
+    --url replays the trace against a running server instead, in real time
+    (or faster with --rate-scale), and measures every request at the client.
+    An engine that stops answering ends the run: the figures then cover what
+    was sent, it says so, and the exit code is 1.
+
+    \b
     Example:
       batchlens replay azure_conv_2023.csv --format azure --duration 600 --simulated \\
           --policy default --policy static:32 --oracle --out replay-out
+      batchlens replay trace.jsonl --url http://127.0.0.1:8000 --duration 300
     """
     from batchlens.goodput import Slo
     from batchlens.replay.output import rows, table, write_csv, write_png
@@ -74,6 +86,13 @@ def replay(
     from batchlens.replay.traces import TraceError, read_trace, select
     from batchlens.simulator.engine import Engine
 
+    if simulated == (url is not None):
+        raise click.UsageError("give --simulated (the engine model, simulated time) or --url URL (a server, real time)")
+    if url is not None and (oracle or set(policies) != {"default"}):
+        raise click.UsageError(
+            "--url replays against the engine as it runs, steered by whatever steers it (batchlens remediate "
+            "with control.enabled, or its own setting): --policy and --oracle need --simulated"
+        )
     config = load(config_path, {})
     try:
         slo = Slo(slo_ttft if slo_ttft is not None else config.slo.ttft_seconds,
@@ -93,6 +112,10 @@ def replay(
         raise click.ClickException(str(exc)) from None
     if not requests:
         raise click.ClickException(f"{trace}: no request between {start:g} s and {start + (duration or 0):g} s")
+
+    if url is not None:
+        _replay_live(url, served_model, requests, slo, as_json, folder, trace)
+        return
 
     def engine() -> Engine:
         return Engine(GPUS[gpu_name], MODELS[model_profile], max_num_seqs=max_num_seqs)
@@ -125,3 +148,30 @@ def replay(
         write_csv(runs, best, folder / "replay.csv")
         write_png(runs, best, requests, folder / "replay.png", title=Path(trace).name)
         click.echo(f"wrote {folder / 'replay.csv'} and {folder / 'replay.png'}", err=as_json)
+
+
+def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path | None, trace: str) -> None:
+    import asyncio
+
+    from batchlens.replay.live import replay_live
+    from batchlens.replay.output import rows, table, write_csv, write_png
+
+    with click.progressbar(length=len(requests), label=f"replaying {len(requests)} requests against {url}",
+                           file=sys.stderr) as bar:  # fmt: skip
+        try:
+            live = asyncio.run(replay_live(url, requests, slo, model=served_model, on_done=lambda _r: bar.update(1)))
+        except ValueError as exc:  # nobody answered before the first request: nothing was sent
+            raise click.ClickException(f"{exc}: nothing was replayed") from None
+    if as_json:
+        click.echo(json.dumps({"slo": {"ttft_s": slo.ttft_seconds, "tpot_s": slo.tpot_seconds}, "url": url,
+                               "requests": len(requests), "sent": live.sent, "stopped": live.stopped or None,
+                               "policies": rows([live.run])}, indent=2))  # fmt: skip
+    else:
+        click.echo(table([live.run], None, slo))
+    if folder:
+        write_csv([live.run], None, folder / "replay.csv")
+        write_png([live.run], None, requests, folder / "replay.png", title=Path(trace).name)
+        click.echo(f"wrote {folder / 'replay.csv'} and {folder / 'replay.png'}", err=as_json)
+    if live.stopped:
+        click.echo(f"Error: {live.stopped}", err=True)
+        raise SystemExit(1)

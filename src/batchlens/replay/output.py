@@ -40,7 +40,7 @@ def rows(runs: Sequence[Run]) -> list[dict]:
     out = []
     for run in runs:
         row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused,
-               "limit_changes": len(run.limits) - 1, "final_limit": run.limits[-1][1],
+               "limit_changes": max(len(run.limits) - 1, 0), "final_limit": run.limits[-1][1] if run.limits else None,
                "decisions": run.decisions or None}  # fmt: skip
         out.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
     return out
@@ -85,7 +85,7 @@ def write_png(runs: Sequence[Run], best: Run | None, trace: Sequence[TraceReques
                  label="arrivals/s")  # fmt: skip
     ax_time.set(title="Arrival rate and batch limit over time", xlabel="seconds", ylabel="arrivals/s")
     ax_limit = ax_time.twinx()
-    for run in shown:
+    for run in (r for r in shown if r.limits):  # a live replay does not know the engine's limit
         times = [t for t, _ in run.limits] + [run.judgement.seconds]
         limits = [limit for _, limit in run.limits] + [run.limits[-1][1]]
         ax_limit.step(times, limits, where="post", label=run.policy)

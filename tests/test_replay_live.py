@@ -1,0 +1,70 @@
+"""`batchlens replay --url`: a trace replayed in real time against a running server, measured at the client.
+
+The simulator stands in for vLLM on a GPU; the HTTP, the streaming and the engine dying are real.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import threading
+import time
+
+import pytest
+
+from harness.exporter import BATCHLENS
+from harness.simulator import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+
+
+def write_trace(path, seconds: float, rate: float) -> int:
+    rng, t, lines = random.Random(3), 0.0, []
+    while (t := t + rng.expovariate(rate)) < seconds:
+        lines.append(json.dumps({"t": t, "prompt_tokens": rng.choice([128, 256]), "output_tokens": 32}))
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def replay(trace, url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([BATCHLENS, "replay", str(trace), "--url", url, "--json", *args], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def test_a_replay_against_the_simulator_measures_every_request_at_the_client(tmp_path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    count = write_trace(trace, seconds=4, rate=10)
+    sim = SimulatorProcess(tmp_path, speed=4)
+    try:
+        done = replay(trace, sim.url + "/v1", "--out", str(tmp_path / "out"))
+    finally:
+        sim.stop()
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    [live] = result["policies"]
+    assert result["sent"] == result["requests"] == live["requests"] == count and result["stopped"] is None
+    assert 0 < live["good"] <= count and live["goodput_rps"] > 0 and live["p99_ttft_s"] > 0, live
+    assert live["throughput_tokens_s"] > 0 and live["final_limit"] is None
+    assert (tmp_path / "out" / "replay.csv").exists() and (tmp_path / "out" / "replay.png").stat().st_size > 0
+
+
+def test_an_engine_dying_mid_replay_ends_it_with_what_was_measured(tmp_path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    count = write_trace(trace, seconds=20, rate=5)
+    sim = SimulatorProcess(tmp_path, speed=4)
+    killer = threading.Timer(3.0, sim.process.stop)
+    killer.start()
+    started = time.monotonic()
+    try:
+        done = replay(trace, sim.url)
+    finally:
+        killer.cancel()
+        sim.stop()
+    assert done.returncode == 1, done.stderr
+    assert "the engine stopped answering" in done.stderr and "Traceback" not in done.stderr
+    result = json.loads(done.stdout)
+    assert 5 <= result["sent"] < count and result["stopped"].startswith("stopped ")
+    [live] = result["policies"]
+    assert live["requests"] == result["sent"] and live["good"] > 0, "what was measured before the death is kept"
+    assert time.monotonic() - started < 15, "it stops at the death, not at the end of the trace"
