@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchlens.config import Control
-from batchlens.control.law import State, Tuning, decide
+from batchlens.control.law import State, Tuning, decide, decode_pace
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
 from batchlens.control.steering import Steering, steer, tuning
@@ -34,9 +34,10 @@ def itl(gaps: dict[float, float]) -> Histogram:
 
 
 def w(*, running: float, waiting: float = 0, kv: float = 0.3, pace: float | None = None, n: int = 100) -> Window:
-    """A window whose decode pace (every gap) falls in the bucket of ``pace``."""
+    """A window in which every gap between tokens was ``pace`` (in that bucket, and summing to n x pace)."""
     bound = next((b for b in ITL_BOUNDS if pace is not None and pace <= b), None)
-    return Window(2.0, running, waiting, kv, 1000.0, 0.0, Histogram(), itl({bound: n} if bound else {}))
+    gaps = itl({bound: n} if bound else {})
+    return Window(2.0, running, waiting, kv, 1000.0, 0.0, Histogram(), Histogram(gaps.buckets, n * (pace or 0.0)))
 
 
 def test_histograms_give_prometheus_quantiles_and_survive_a_restart() -> None:
@@ -51,6 +52,7 @@ def test_a_real_vllm_exposition_reads_into_a_sample(vllm_exposition: str) -> Non
     sample = read_sample(vllm_exposition, time=10.0)
     assert sample.ttft.count > 0 and sample.itl.count > 0 and sample.generated_tokens > 0
     assert sample.itl.buckets[-1][0] == math.inf and 0 <= sample.kv_usage <= 1
+    assert 0 < sample.itl.mean < sample.itl.buckets[-2][0], "the exact mean gap, from _sum over _count"
     later = read_sample(vllm_exposition, time=12.0)
     assert window(sample, later).itl.count == 0 and window(sample, later).tokens_per_second == 0
 
@@ -62,11 +64,11 @@ TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
     ("state", "win", "now", "limit", "reason"),
     [
         # the pace over the SLO: cut by the ratio, at least x0.5, and drain
-        (State(32), w(running=32, pace=0.15), 100, 22, "pace_over"),  # p90 in (0.1, 0.15]: 0.145
+        (State(32), w(running=32, pace=0.15), 100, 21, "pace_over"),  # the mean gap 0.15: x 0.1 / 0.15
         (State(32), w(running=32, pace=0.5), 100, 16, "pace_over"),
         # draining: judge nothing until hold_until
         (State(16, hold_until=105), w(running=30, pace=0.5), 103, 16, "drain"),
-        (State(16, hold_until=105), w(running=16, waiting=9, pace=0.04), 106, 20, "headroom"),
+        (State(16, hold_until=105), w(running=16, waiting=9, pace=0.05), 106, 20, "headroom"),
         # KV nearly full: down to running x 0.9 / usage
         (State(40), w(running=40, kv=0.98, pace=0.05), 100, 36, "kv_ceiling"),
         # nothing waits and the batch is half empty: the limit is not what binds
@@ -101,7 +103,7 @@ def test_never_outside_the_bounds_and_never_up_while_the_slo_is_broken(limit, wi
     decision = decide(State(limit, hold), win, now, SLO, TUNING)
     assert TUNING.min_limit <= decision.limit <= TUNING.max_limit
     assert abs(decision.limit - limit) <= max(1, limit * TUNING.max_step)
-    pace = win.itl.quantile(TUNING.pace_quantile)
+    pace = decode_pace(win, TUNING)
     if not math.isnan(pace) and pace > SLO.tpot_seconds:
         assert decision.limit <= limit
 
@@ -138,13 +140,15 @@ def tick(state: Steering, *, now: float = 100.0, in_force: int = 32, ours=(32,),
                  signals=signals, slo=SLO, control=control, capacity=capacity)  # fmt: skip
 
 
-def test_control_starts_at_its_start_limit_and_decides_nothing_without_a_window() -> None:
+def test_control_starts_where_the_engine_is_or_at_its_start_limit_and_decides_nothing_without_a_window() -> None:
     first = tick(Steering())
-    assert (first.state.limit, first.state.seen_limit, first.reason) == (16, 32, "warming_up")
-    small = tick(Steering(), capacity=8, in_force=8)
+    assert (first.state.limit, first.state.seen_limit, first.reason) == (32, 32, "warming_up"), "not cut to a guess"
+    low = tick(Steering(), control=Control(enabled=True, start_limit=16))
+    assert low.state.limit == 16
+    small = tick(Steering(), capacity=8, in_force=8, control=Control(enabled=True, start_limit=16))
     assert small.state.limit == 8, "never above the engine's capacity"
-    bounded = tick(Steering(), control=Control(enabled=True, min_limit=4, max_limit=200), capacity=100)
-    assert bounded.state.limit == 16
+    bounded = tick(Steering(), control=Control(enabled=True, min_limit=40, max_limit=200), capacity=100)
+    assert bounded.state.limit == 40
     assert tuning(Control(max_limit=500), 64).max_limit == 64
 
 

@@ -19,7 +19,8 @@ from test_remediate import eventually
 
 pytestmark = pytest.mark.slow
 TOKEN = "engine-admin-token"
-CONTROL = {"enabled": True, "interval_seconds": 0.2, "timeout_seconds": 0.5, "manual_hold_seconds": 2}
+CONTROL = {"enabled": True, "interval_seconds": 0.2, "timeout_seconds": 0.5, "manual_hold_seconds": 2,
+           "start_limit": 16}  # fmt: skip
 
 
 def engine(upstreams, name: str, exposition: str, limit: int = 64) -> str:

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batchlens.simulator.engine import Engine, SimRequest
-from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
+from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, PUBLISHED
 from batchlens.simulator.vllm_metrics import VllmMetrics
 from batchlens.simulator.workload import closed_loop, drain
 from harness.vllm import VllmServer
@@ -151,3 +151,16 @@ def test_simulated_metrics_count_what_the_engine_did() -> None:
     assert samples[("vllm:time_to_first_token_seconds_count", base)] == 6
     assert samples[("vllm:inter_token_latency_seconds_count", base)] == 6 * 19
     assert samples[("vllm:num_requests_running", base)] == 0
+
+
+def test_the_published_profile_reproduces_its_measurement_and_keeps_rising_with_the_batch() -> None:
+    def rate(concurrency: int) -> float:
+        engine = Engine(GPUS["a100-40g"], MODELS["llama-3.1-8b"], max_num_seqs=256)
+        run = closed_loop(engine, concurrency, 20 * concurrency, prompt_tokens=(PUBLISHED["prompt"],),
+                          output_tokens=(PUBLISHED["output"],))  # fmt: skip
+        return run.output_tokens_per_second
+
+    one, eight = rate(1), rate(8)
+    assert one == pytest.approx(PUBLISHED["concurrency_1_tokens_per_second"], rel=0.1)
+    assert eight / one == pytest.approx(PUBLISHED["concurrency_8_speedup"], rel=0.1)
+    assert one < eight < rate(32) < rate(128), "no throughput wall before KV binds, unlike the article's profile"

@@ -187,7 +187,7 @@ class Control(_Section):
     timeout_seconds: float = Field(2.0, gt=0, le=60, description="per read of an engine's /metrics or admin API")
     min_limit: int = Field(1, ge=1)
     max_limit: int | None = Field(None, ge=1, description="default: the engine's capacity; never above it")
-    start_limit: int = Field(16, ge=1, description="where control starts, then grows while the SLO has room")
+    start_limit: int | None = Field(None, ge=1, description="where control starts; default: the limit in force")
     max_step: float = Field(0.5, gt=0, le=1, description="one move is at most this share of the limit")
     kv_target: float = Field(0.9, gt=0, le=1, description="KV usage the limit is kept under")
     drain_seconds: float = Field(5.0, ge=0, description="hold after a cut while the running batch drains")

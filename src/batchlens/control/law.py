@@ -43,7 +43,7 @@ class Tuning:
     min_limit: int = 1
     max_limit: int = 256
     start_limit: int = 16  # slow start: grow from here with headroom, never open the gate wide on a burst
-    pace_quantile: float = 0.9  # of ITL: the pace most requests see, a little pessimistic against TPOT
+    pace_quantile: float | None = None  # None: the mean gap (exact, and what TPOT averages); else this quantile
     headroom: float = 0.8  # grow only while the pace is under this share of the SLO
     kv_target: float = 0.9
     drain_seconds: float = 5.0
@@ -74,7 +74,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
     limit = state.limit
     if now < state.hold_until:
         return Decision(state, "drain")
-    pace = w.itl.quantile(tuning.pace_quantile)
+    pace = decode_pace(w, tuning)
     if not math.isnan(pace) and pace > slo.tpot_seconds:
         cut = min(max(slo.tpot_seconds / pace, 0.5), 0.9)
         return _move(state, math.floor(limit * cut), now + tuning.drain_seconds, "pace_over", tuning)
@@ -90,6 +90,11 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         return _move(state, 2 * limit if far else limit + math.ceil(math.sqrt(limit)), state.hold_until,
                      "slow_start" if far else "headroom", tuning)  # fmt: skip
     return Decision(state, "steady")
+
+
+def decode_pace(w: Window, tuning: Tuning) -> float:
+    """The decode pace the window shows: the mean gap between tokens, or a quantile of the gaps."""
+    return w.itl.mean if tuning.pace_quantile is None else w.itl.quantile(tuning.pace_quantile)
 
 
 def _move(state: State, target: int, hold_until: float, reason: str, tuning: Tuning) -> Decision:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from batchlens.control.law import Tuning
+from batchlens.control.law import Tuning, decode_pace
 from batchlens.control.signals import Window
 from batchlens.goodput import Slo
 
@@ -43,7 +43,7 @@ class PidState:
 
 def margin(w: Window, slo: Slo, tuning: Tuning, gains: Gains) -> float:
     """The SLO margin left (1: idle; 0: on the SLO; negative: broken); NaN when nothing was served."""
-    signals = [(w.itl.quantile(tuning.pace_quantile), slo.tpot_seconds)]
+    signals = [(decode_pace(w, tuning), slo.tpot_seconds)]
     if gains.ttft:
         signals.append((w.ttft.quantile(0.99), slo.ttft_seconds))
     margins = [1 - value / bound for value, bound in signals if not math.isnan(value)]

@@ -31,16 +31,22 @@ class Histogram:
     """Cumulative counts per upper bound, sorted, +Inf last (as a Prometheus histogram)."""
 
     buckets: tuple[tuple[float, float], ...] = ()
+    sum: float = 0.0  # of the observations: exact, where a percentile is only as good as the buckets
 
     @property
     def count(self) -> float:
         return self.buckets[-1][1] if self.buckets else 0.0
 
+    @property
+    def mean(self) -> float:
+        """The exact mean of the observations (from _sum and _count); NaN empty."""
+        return self.sum / self.count if self.count > 0 else math.nan
+
     def minus(self, earlier: Histogram) -> Histogram:
         """The observations made since ``earlier`` (a restarted engine counts from zero)."""
         before = dict(earlier.buckets)
         delta = tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets)
-        return self if any(n < 0 for _, n in delta) else Histogram(delta)
+        return self if any(n < 0 for _, n in delta) else Histogram(delta, self.sum - earlier.sum)
 
     def quantile(self, q: float) -> float:
         """Prometheus' histogram_quantile: linear within the bucket; the highest finite bound past it; NaN empty."""
@@ -86,12 +92,15 @@ def read_sample(text: str, time: float) -> EngineSample:
     """An engine's /metrics text -> one sample, every engine core summed (KV usage: the fullest core)."""
     values: dict[str, list[float]] = defaultdict(list)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    sums: dict[str, float] = defaultdict(float)
     for family in ExpositionReader().parse(text):
         for series, value, _ in family.samples:
             if series.name.endswith("_bucket"):
                 le = dict(series.labels).get("le")
                 if le is not None:
                     buckets[series.name.removesuffix("_bucket")][float(le)] += value
+            elif series.name.endswith("_sum"):
+                sums[series.name.removesuffix("_sum")] += value
             else:
                 values[series.name].append(value)
 
@@ -99,8 +108,9 @@ def read_sample(text: str, time: float) -> EngineSample:
         return next((combine(values[n]) for n in names if values.get(n)), 0.0)
 
     def histogram(names: tuple[str, ...]) -> Histogram:
-        found = next((buckets[n] for n in names if n in buckets), {})
-        return Histogram(tuple(sorted(found.items())))
+        name = next((n for n in names if n in buckets), None)
+        found = buckets[name] if name is not None else {}
+        return Histogram(tuple(sorted(found.items())), sums.get(name, 0.0) if name is not None else 0.0)
 
     return EngineSample(
         time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),

@@ -59,8 +59,8 @@ def tuning(control: Control, capacity: int) -> Tuning:
     """The law's bounds for an engine: the config's, never above its capacity."""
     top = min(control.max_limit or capacity, capacity)
     return Tuning(
-        min_limit=min(control.min_limit, top), max_limit=top, start_limit=control.start_limit,
-        kv_target=control.kv_target, drain_seconds=control.drain_seconds, max_step=control.max_step,
+        min_limit=min(control.min_limit, top), max_limit=top, kv_target=control.kv_target,
+        drain_seconds=control.drain_seconds, max_step=control.max_step,
     )  # fmt: skip
 
 
@@ -78,8 +78,9 @@ def steer(
 ) -> Tick:
     """``in_force``: the limit the admin API reports; ``set_by_batchlens``: the limits the hook put or is putting."""
     bounds = tuning(control, capacity)
-    if state.limit is None:
-        state = replace(state, limit=min(max(bounds.start_limit, bounds.min_limit), bounds.max_limit))
+    if state.limit is None:  # the first tick: from the configured start, or from where the engine is
+        start = in_force if control.start_limit is None else control.start_limit
+        state = replace(state, limit=min(max(start, bounds.min_limit), bounds.max_limit))
     moved = state.seen_limit is not None and in_force != state.seen_limit
     state = replace(state, seen_limit=in_force)
     if moved and in_force not in set_by_batchlens:

@@ -29,6 +29,7 @@ class Run:
     limits: list[tuple[float, int]] = field(default_factory=list)  # (time, limit) at each change
     refused: int = 0  # longer than max_model_len
     decisions: dict[str, int] = field(default_factory=dict)  # a steering policy's decisions, by reason
+    requests: list[SimRequest] = field(default_factory=list, repr=False)  # as the engine left them: exact timings
 
 
 def replay(
@@ -81,6 +82,7 @@ def replay(
             next_tick = now - (now % tick) + tick
     run.judgement = judge([_outcome(r) for r in requests], now, slo)
     run.decisions = dict(getattr(policy, "decisions", {}))
+    run.requests = requests
     return run
 
 

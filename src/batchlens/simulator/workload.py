@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from batchlens.simulator.engine import Engine, SimRequest, StepResult
@@ -39,15 +39,23 @@ def drain(engine: Engine, now: float = 0.0) -> Iterator[StepResult]:
         yield step
 
 
-def closed_loop(engine: Engine, concurrency: int, requests: int, seed: int = 1) -> RunSummary:
-    """Keep ``concurrency`` requests in flight until ``requests`` have finished."""
+def closed_loop(
+    engine: Engine,
+    concurrency: int,
+    requests: int,
+    seed: int = 1,
+    prompt_tokens: Sequence[int] = ARTICLE_PROMPT_TOKENS,
+    output_tokens: Sequence[int] = DEFAULT_OUTPUT_TOKENS,
+) -> RunSummary:
+    """Keep ``concurrency`` requests in flight until ``requests`` have finished (`vllm bench serve
+    --max-concurrency`), their lengths drawn from ``prompt_tokens`` and ``output_tokens``."""
     rng = random.Random(seed)
     made = 0
 
     def new(now: float) -> SimRequest:
         nonlocal made
         made += 1
-        return SimRequest(f"r{made}", rng.choice(ARTICLE_PROMPT_TOKENS), rng.choice(DEFAULT_OUTPUT_TOKENS), now)
+        return SimRequest(f"r{made}", rng.choice(prompt_tokens), rng.choice(output_tokens), now)
 
     for _ in range(concurrency):
         engine.add(new(0.0))
