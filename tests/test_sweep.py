@@ -54,6 +54,13 @@ def test_the_slo_stops_the_walk_and_can_refuse_every_limit():
     assert none.limit is None and "smallest limit 1" in none.reason
 
 
+def test_a_small_limit_over_the_slo_from_its_queue_alone_does_not_hide_a_larger_one_within_it():
+    # advise's history: at 1 and 4 the queue made P99 huge; at 16 the batch kept up.
+    seen = [Point(1, 1616, 19.9), Point(4, 5408, 4.975), Point(16, 8228, 0.2475)]
+    knee = find_knee(seen, slo=0.5)
+    assert knee.limit == 16, knee.reason
+
+
 def test_gain_is_per_doubling_whatever_the_step():
     assert gain_per_doubling(Point(4, 100, 0), Point(16, 400, 0)) == pytest.approx(2.0)  # x4 over two doublings
     assert gain_per_doubling(Point(1, 0, 0), Point(2, 10, 0)) == math.inf

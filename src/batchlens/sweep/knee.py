@@ -44,12 +44,16 @@ def find_knee(points: Sequence[Point], *, slo: float, min_gain: float = DEFAULT_
     if not ordered:
         raise ValueError("no operating points")
     gains = {high.limit: gain_per_doubling(low, high) for low, high in itertools.pairwise(ordered)}
-    first = ordered[0]
-    if not first.p99 <= slo:
+    # Where history mixes limits (advise), a small limit can be over the SLO from its queue alone: the knee
+    # is searched from the smallest limit within the SLO, and only none within it is a capacity problem.
+    within = [i for i, p in enumerate(ordered) if p.p99 <= slo]
+    if not within:
+        first = ordered[0]
         return Knee(None, gains, f"P99 {first.p99:.3g}s at the smallest limit {first.limit} is over the {slo:g}s SLO")
+    first = ordered[within[0]]
     knee = first
     reason = f"the largest limit measured ({first.limit})"
-    for point in ordered[1:]:
+    for point in ordered[within[0] + 1 :]:
         gain = gains[point.limit]
         if gain < min_gain:
             reason = f"going to {point.limit} gains only x{gain:.2f} per doubling (< x{min_gain:g})"
