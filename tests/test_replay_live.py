@@ -6,30 +6,15 @@ The simulator stands in for vLLM on a GPU; the HTTP, the streaming and the engin
 from __future__ import annotations
 
 import json
-import random
-import subprocess
 import threading
 import time
 
 import pytest
 
-from harness.exporter import BATCHLENS
+from harness.replay import replay, write_trace
 from harness.simulator import SimulatorProcess
 
 pytestmark = pytest.mark.slow
-
-
-def write_trace(path, seconds: float, rate: float) -> int:
-    rng, t, lines = random.Random(3), 0.0, []
-    while (t := t + rng.expovariate(rate)) < seconds:
-        lines.append(json.dumps({"t": t, "prompt_tokens": rng.choice([128, 256]), "output_tokens": 32}))
-    path.write_text("\n".join(lines) + "\n")
-    return len(lines)
-
-
-def replay(trace, url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([BATCHLENS, "replay", str(trace), "--url", url, "--json", *args], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
 
 
 def test_a_replay_against_the_simulator_measures_every_request_at_the_client(tmp_path) -> None:

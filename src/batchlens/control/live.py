@@ -165,13 +165,13 @@ class Controller:
             log.info("%s: the manual hold is over: the controller steers again from %d", name, in_force)
         if tick.state.limit == before.limit or tick.reason in ("manual_hold", "breaker_open"):
             return
-        pace = "" if signals is None else f"; ITL p90 {signals.itl.quantile(0.9) * 1e3:.0f} ms"
+        # The pace the law judged (the mean gap between tokens), not another estimate of it.
         facts = (
             ""
             if signals is None
             else (
-                f"{pace} of {self.slo.tpot_seconds * 1e3:.0f} ms, {signals.running:.0f} running, "
-                f"{signals.waiting:.0f} waiting, KV {signals.kv_usage:.0%}"
+                f"; pace {signals.itl.mean * 1e3:.0f} ms/token of {self.slo.tpot_seconds * 1e3:.0f} ms, "
+                f"{signals.running:.0f} running, {signals.waiting:.0f} waiting, KV {signals.kv_usage:.0%}"
             )
         )
         log.info("%s: limit %s -> %d (%s%s)%s", name, before.limit, tick.state.limit, tick.reason, facts,

@@ -1,0 +1,86 @@
+"""The controller steering a real vLLM 0.32 (CPU) through the batchlens plugin, judged against static limits.
+
+One bursty trace is replayed in real time (`batchlens replay --url`, every request streamed and judged at
+the client) three times on the session's server: at vLLM's default limit (the capacity), at a small static
+limit, and with `batchlens remediate` steering from that small limit. The exporter watches the limit in
+force (batchlens_batch_limit) while the controller moves it. Nothing is faked.
+
+The regime is chosen to be robust on two noisy cores: the load is about 60% of what the tiny model serves
+at its capacity, so the default meets the SLO and is the best static limit, and a small limit queues
+through every burst. The controller has to find the capacity's neighbourhood from a cold start, during the
+run, from the engine's own metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from harness.admin import AdminClient
+from harness.exporter import ExporterProcess, one, parse_samples
+from harness.remediate import RemediateProcess
+from harness.replay import replay, write_trace
+from harness.vllm import ADMIN_TOKEN, VllmServer
+
+pytestmark = pytest.mark.vllm
+CAPACITY, SMALL = 32, 8  # the session server's --max-num-seqs; the static limit the controller starts from
+SECONDS, RATE = 40, 10.0  # a trace of 40 s at 10 requests/s, gaps with a CV of 2
+SLO = ("--slo-ttft", "0.5", "--slo-tpot", "0.02")
+
+
+def judged(trace, server: VllmServer) -> dict:
+    done = replay(trace, server.url, *SLO, timeout=SECONDS + 120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [run] = json.loads(done.stdout)["policies"]
+    return run
+
+
+def watch_limit(exporter: ExporterProcess, stop: threading.Event, seen: list[int]) -> None:
+    while not stop.wait(0.5):
+        seen.append(int(one(parse_samples(exporter.scrape()[1]), "batchlens_batch_limit", vllm_instance="cpu")))
+
+
+def test_the_controller_steers_a_real_vllm_to_the_goodput_of_the_best_static_limit(tmp_path, vllm_server) -> None:
+    trace = tmp_path / "bursty.jsonl"
+    count = write_trace(trace, SECONDS, RATE, cv=2.0, prompts=(64, 256, 512), outputs=(64, 128, 256), seed=1)
+    admin = AdminClient(vllm_server.url, ADMIN_TOKEN)
+    static = {}
+    try:
+        for limit in (CAPACITY, SMALL):
+            admin.set_limit(limit)
+            static[limit] = judged(trace, vllm_server)
+        engines = [{"name": "cpu", "url": vllm_server.url}]
+        control = {"enabled": True, "interval_seconds": 0.5, "drain_seconds": 2, "start_limit": SMALL}
+        hook = RemediateProcess(tmp_path, {"engines": engines, "control": control,
+                                           "slo": {"ttft_seconds": 0.5, "tpot_seconds": 0.02}},
+                                env={"BATCHLENS_ADMIN_TOKEN": ADMIN_TOKEN})  # fmt: skip
+        config = tmp_path / "exporter.json"
+        config.write_text(json.dumps({"engines": engines}))
+        exporter = ExporterProcess(tmp_path, [], interval=0.5, extra_args=("--config", str(config)),
+                                   env={"BATCHLENS_ADMIN_TOKEN": ADMIN_TOKEN})  # fmt: skip
+        seen: list[int] = []
+        stop = threading.Event()
+        watcher = threading.Thread(target=watch_limit, args=(exporter, stop, seen))
+        try:
+            watcher.start()
+            steered = judged(trace, vllm_server)
+        finally:
+            stop.set()
+            watcher.join()
+            decisions = hook.samples()
+            exporter.stop()
+            hook.stop()
+    finally:
+        admin.set_limit(CAPACITY)
+    best_limit = max(static, key=lambda n: static[n]["goodput_rps"])
+    best = static[best_limit]["goodput_rps"]
+    report = {f"static:{n}": round(r["goodput_rps"], 2) for n, r in static.items()}
+    print(f"{count} requests over {SECONDS} s; goodput (req/s): {report}, controller {steered['goodput_rps']:.2f} "
+          f"(attainment {steered['slo_attainment']:.2f}, P99 TTFT {steered['p99_ttft_s']:.2f} s); "
+          f"ratio to the best static {steered['goodput_rps'] / best:.2f}; limits in force: {seen}")  # fmt: skip
+    assert seen[0] <= SMALL < max(seen), f"the exporter never saw the controller move the limit: {seen}"
+    moves = sum(v for (name, _), v in decisions.items() if name == "batchlens_controller_decisions_total")
+    assert moves > 0, "the controller decided nothing"
+    assert steered["requests"] == count and steered["goodput_rps"] >= 0.9 * best, (steered, static)
