@@ -7,14 +7,17 @@ small model of decode (pace rising with the running batch), stated below.
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchlens.config import Control
-from batchlens.control.law import State, Tuning, decide, decode_pace
+from batchlens.control.law import Peak, State, Tuning, decide, decode_pace
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
 from batchlens.control.steering import Steering, steer, tuning
@@ -33,11 +36,12 @@ def itl(gaps: dict[float, float]) -> Histogram:
     return Histogram(tuple(out))
 
 
-def w(*, running: float, waiting: float = 0, kv: float = 0.3, pace: float | None = None, n: int = 100) -> Window:
+def w(*, running: float, waiting: float = 0, kv: float = 0.3, pace: float | None = None, n: int = 100,
+      tps: float = 1000.0) -> Window:  # fmt: skip
     """A window in which every gap between tokens was ``pace`` (in that bucket, and summing to n x pace)."""
     bound = next((b for b in ITL_BOUNDS if pace is not None and pace <= b), None)
     gaps = itl({bound: n} if bound else {})
-    return Window(2.0, running, waiting, kv, 1000.0, 0.0, Histogram(), Histogram(gaps.buckets, n * (pace or 0.0)))
+    return Window(2.0, running, waiting, kv, tps, 0.0, Histogram(), Histogram(gaps.buckets, n * (pace or 0.0)))
 
 
 def test_histograms_give_prometheus_quantiles_and_survive_a_restart() -> None:
@@ -58,6 +62,7 @@ def test_a_real_vllm_exposition_reads_into_a_sample(vllm_exposition: str) -> Non
 
 
 TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
+PEAK = Peak(32, 1000.0, 95.0)  # 1000 tokens/s at limit 32, five seconds before the cases' now
 
 
 @pytest.mark.parametrize(
@@ -82,25 +87,46 @@ TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
         (State(64), w(running=64, waiting=50, pace=0.02), 100, 64, "slow_start"),
         (State(8), w(running=8, waiting=50, pace=0.02), 100, 12, "slow_start"),  # doubling, within max_step
         (State(2), w(running=2, pace=0.9), 100, 2, "pace_over"),
+        # saturated, and a bigger batch serves fewer tokens/s than the peak's limit did: back to it
+        (State(48, peak=PEAK), w(running=48, waiting=9, pace=0.05, tps=800), 100, 32, "past_peak"),
+        (State(48, peak=PEAK), w(running=48, waiting=9, pace=0.05, tps=900), 100, 55, "headroom"),  # within 15%
+        (State(48, peak=Peak(32, 1000, 30)), w(running=48, waiting=9, pace=0.05, tps=800), 100, 55, "headroom"),
+        # ... and no growth to the limit that lowered it while the peak is remembered
+        (State(36, peak=PEAK, ceiling=40, ceiling_until=155), w(running=36, waiting=9, pace=0.05), 100, 39, "headroom"),
+        (State(36, peak=PEAK, ceiling=40, ceiling_until=99), w(running=36, waiting=9, pace=0.05), 100, 42, "headroom"),
     ],
 )
 def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int, reason: str) -> None:
     decision = decide(state, win, now, SLO, TUNING)
     assert (decision.limit, decision.reason) == (limit, reason)
-    if reason == "pace_over" and limit < state.limit:
+    if reason in ("pace_over", "past_peak") and limit < state.limit:
         assert decision.state.hold_until == now + TUNING.drain_seconds
+    if reason == "past_peak":
+        assert decision.state.ceiling == state.limit and decision.state.ceiling_until == PEAK.at + TUNING.peak_seconds
+
+
+def test_a_higher_throughput_replaces_the_peak_and_a_stale_peak_is_forgotten() -> None:
+    higher = decide(State(32, peak=Peak(16, 800, 95)), w(running=32, waiting=5, pace=0.05, tps=1200), 100, SLO, TUNING)
+    assert higher.state.peak == Peak(32, 1200, 100)
+    stale = decide(State(32, peak=Peak(16, 2000, 10)), w(running=32, waiting=5, pace=0.05, tps=1200), 100, SLO, TUNING)
+    assert stale.state.peak == Peak(32, 1200, 100) and stale.reason == "headroom"
+    quiet = decide(State(32, peak=PEAK), w(running=3, tps=100), 100, SLO, TUNING)
+    assert quiet.state.peak == PEAK, "only a saturated window says what a limit can serve"
 
 
 windows = st.builds(
-    lambda running, waiting, kv, pace: w(running=running, waiting=waiting, kv=kv, pace=pace),
+    lambda running, waiting, kv, pace, tps: w(running=running, waiting=waiting, kv=kv, pace=pace, tps=tps),
     st.integers(0, 300), st.integers(0, 300), st.floats(0, 1), st.one_of(st.none(), st.floats(0.001, 2.0)),
+    st.floats(0, 1e5),
 )  # fmt: skip
+peaks = st.one_of(st.none(), st.builds(Peak, st.integers(2, 64), st.floats(0, 1e5), st.floats(0, 1e6)))
 
 
 @settings(max_examples=300, deadline=None)
-@given(limit=st.integers(2, 64), win=windows, now=st.floats(0, 1e6), hold=st.floats(0, 1e6))
-def test_never_outside_the_bounds_and_never_up_while_the_slo_is_broken(limit, win, now, hold) -> None:
-    decision = decide(State(limit, hold), win, now, SLO, TUNING)
+@given(limit=st.integers(2, 64), win=windows, now=st.floats(0, 1e6), hold=st.floats(0, 1e6), peak=peaks,
+       ceiling=st.one_of(st.none(), st.integers(2, 64)))  # fmt: skip
+def test_never_outside_the_bounds_and_never_up_while_the_slo_is_broken(limit, win, now, hold, peak, ceiling) -> None:
+    decision = decide(State(limit, hold, peak, ceiling, now + 10), win, now, SLO, TUNING)
     assert TUNING.min_limit <= decision.limit <= TUNING.max_limit
     assert abs(decision.limit - limit) <= max(1, limit * TUNING.max_step)
     pace = decode_pace(win, TUNING)
@@ -127,6 +153,29 @@ def test_on_a_stationary_load_it_converges_below_the_pace_bound(start: int) -> N
     assert max(tail) - min(tail) <= 8, tail  # settled, not oscillating across the range
     # Pace 0.008 + 0.002 x limit must stay within the SLO's bucket, and the law grows while there is headroom.
     assert 0.008 + 0.002 * max(tail) <= 0.15 and min(tail) >= 20, tail
+
+
+def thrashing_plant(limit: int, demand: float = 80) -> Window:
+    """An engine whose throughput peaks at 24 running and falls past it (the article's L2 thrashing), with
+    the pace well within the SLO all along: only the tokens/s say that growing further hurts."""
+    running = min(limit, demand)
+    tps = 100 * min(running, 24) * (1 - max(running - 24, 0) / 40)
+    return w(running=running, waiting=max(demand - limit, 0), pace=0.02, tps=tps)
+
+
+def test_on_a_load_past_the_throughput_peak_it_settles_near_the_peak_not_at_the_top() -> None:
+    state, now, seen = State(8), 0.0, []
+    for _ in range(300):
+        now += 2.0
+        state = decide(state, thrashing_plant(state.limit), now, SLO, TUNING).state
+        seen.append(state.limit)
+    tail = seen[-100:]
+    # It probes past the peak now and then (a peak is forgotten after peak_seconds), and comes back.
+    assert 18 <= statistics.median(tail) <= 36 and sum(limit > 40 for limit in tail) <= 10, tail
+    unguarded = State(8)
+    for _ in range(300):
+        unguarded = decide(unguarded, thrashing_plant(unguarded.limit), now, SLO, replace(TUNING, past_peak=None)).state
+    assert unguarded.limit == TUNING.max_limit, "the plant is one where the pace alone never stops the growth"
 
 
 # --- live steering (control/steering.py): who owns the limit, tick by tick ---------------------------------------
@@ -174,6 +223,20 @@ def test_while_the_breaker_is_open_control_may_cut_but_never_raise() -> None:
     assert (growth.state.limit, growth.reason) == (16, "breaker_open"), "follows the breaker's limit, no raise"
     cut = tick(open_, in_force=16, ours=(16,), breaker_open=True, signals=w(running=16, pace=0.5))
     assert (cut.state.limit, cut.reason) == (8, "pace_over")
+
+
+def test_live_steering_keeps_the_laws_peak_across_ticks_and_through_the_store() -> None:
+    first = tick(Steering(limit=32, seen_limit=32), signals=w(running=32, waiting=9, pace=0.05, tps=1000))
+    assert first.state.peak == Peak(32, 1000, 100) and first.reason == "headroom"
+    grown = first.state.limit
+    hurt = tick(first.state, now=102, in_force=grown, ours=(grown,),
+                signals=w(running=grown, waiting=9, pace=0.05, tps=700))  # fmt: skip
+    assert (hurt.state.limit, hurt.reason, hurt.state.ceiling) == (32, "past_peak", grown)
+    assert Steering.from_dict(json.loads(json.dumps(hurt.state.to_dict()))) == hurt.state, "kill -9 keeps it"
+    assert Steering.from_dict({"limit": 8}) == Steering(limit=8), "a state stored before the peak still loads"
+    off = tick(first.state, now=102, in_force=grown, ours=(grown,), control=Control(enabled=True, past_peak=None),
+               signals=w(running=grown, waiting=9, pace=0.05, tps=700))  # fmt: skip
+    assert off.reason == "headroom", "control.past_peak: null turns the guard off"
 
 
 def test_attainment_and_goodput_estimates_read_the_buckets_as_a_cdf() -> None:

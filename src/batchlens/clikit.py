@@ -15,6 +15,12 @@ from batchlens.config import Config, ConfigError, duration_seconds, http_url, lo
 from batchlens.sweep.knee import DEFAULT_MIN_GAIN
 
 
+def flag_overrides(section: str, **values: Any) -> dict[str, Any]:
+    """Config overrides from a command's flags: the ones given, under their config section."""
+    given = {key: value for key, value in values.items() if value is not None}
+    return {section: given} if given else {}
+
+
 class HttpUrl(click.ParamType):
     """An http(s) base URL, checked before any work starts; ``strip`` drops a suffix users often paste (/v1)."""
 

@@ -16,7 +16,16 @@ baseline. Each tick, in this order:
 4. **App-limited.** Fewer than half the limit run and nothing waits: the limit
    is not what binds, so it does not move (it would otherwise creep upward
    with nobody to test it).
-5. **Headroom.** Requests wait behind a full batch and the pace has room under
+5. **Past the throughput peak.** While the batch is full and requests wait,
+   the law remembers the limit that served the most tokens/s (for
+   ``peak_seconds``: the mix changes). A larger limit serving under
+   ``past_peak`` of that goes back to it, and growth stops short of the limit
+   that hurt until the peak is forgotten. On an engine whose throughput falls
+   past a batch size (KV re-reads thrashing L2, prefill stalls) the pace can
+   stay well within the SLO while each step of growth lengthens the queue:
+   only tokens/s shows it. A flat throughput is not a fall: under overload a
+   bigger batch still admits more requests within their TTFT.
+6. **Headroom.** Requests wait behind a full batch and the pace has room under
    the SLO: far below it, double (slow start, bounded by ``max_step``); nearer,
    add sqrt(limit) (slow increase, Envoy's headroom).
 
@@ -48,6 +57,8 @@ class Tuning:
     kv_target: float = 0.9
     drain_seconds: float = 5.0
     max_step: float = 0.5  # a move is at most this share of the limit (and at least 1)
+    past_peak: float | None = 0.85  # saturated tokens/s under this share of the peak's, above it: back to it
+    peak_seconds: float = 60.0  # a peak (and the ceiling it sets) is forgotten after this: the mix changes
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_limit <= self.max_limit:
@@ -55,15 +66,27 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class Peak:
+    """The most tokens/s seen while the batch was full and requests waited, at which limit, and when."""
+
+    limit: int
+    tokens_per_second: float
+    at: float
+
+
+@dataclass(frozen=True)
 class State:
     limit: int
     hold_until: float = 0.0
+    peak: Peak | None = None
+    ceiling: int | None = None  # growth to this limit lowered throughput: do not grow to it again before ...
+    ceiling_until: float = 0.0
 
 
 @dataclass(frozen=True)
 class Decision:
     state: State
-    reason: str  # a short label: drain, pace_over, kv_ceiling, app_limited, slow_start, headroom, steady, idle
+    reason: str  # drain, pace_over, kv_ceiling, idle, app_limited, past_peak, slow_start, headroom or steady
 
     @property
     def limit(self) -> int:
@@ -84,12 +107,31 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             return _move(state, ceiling, now + tuning.drain_seconds, "kv_ceiling", tuning)
     if w.waiting == 0 and w.running < limit / 2:
         return Decision(state, "idle" if w.running == 0 else "app_limited")
-    if w.waiting > 0 and w.running >= 0.9 * limit and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
+    saturated = w.waiting > 0 and w.running >= 0.9 * limit
+    if saturated and tuning.past_peak is not None:
+        state = _remember_peak(state, w.tokens_per_second, now, tuning)
+        peak = state.peak
+        if limit > peak.limit and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second:
+            # A bigger batch that serves fewer tokens/s only lengthens the queue (L2 thrashing, prefill
+            # stalls): back to the peak's limit, and no growth past it while the peak is remembered.
+            state = replace(state, ceiling=limit, ceiling_until=peak.at + tuning.peak_seconds)
+            return _move(state, peak.limit, now + tuning.drain_seconds, "past_peak", tuning)
+    if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
         # Far below the SLO (slow start): double; near it: + sqrt(limit), Envoy's headroom.
         far = math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2
-        return _move(state, 2 * limit if far else limit + math.ceil(math.sqrt(limit)), state.hold_until,
-                     "slow_start" if far else "headroom", tuning)  # fmt: skip
+        target = 2 * limit if far else limit + math.ceil(math.sqrt(limit))
+        if state.ceiling is not None and now < state.ceiling_until:
+            target = min(target, state.ceiling - 1)
+        return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning)
     return Decision(state, "steady")
+
+
+def _remember_peak(state: State, tokens_per_second: float, now: float, tuning: Tuning) -> State:
+    """The saturated throughput peak: a higher rate replaces it, and it is forgotten after peak_seconds."""
+    peak = state.peak
+    if peak is None or now - peak.at > tuning.peak_seconds or tokens_per_second >= peak.tokens_per_second:
+        return replace(state, peak=Peak(state.limit, tokens_per_second, now))
+    return state
 
 
 def decode_pace(w: Window, tuning: Tuning) -> float:

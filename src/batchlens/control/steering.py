@@ -19,10 +19,10 @@ who owns the limit, checked in this order each tick:
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from batchlens.config import Control
-from batchlens.control.law import State, Tuning, decide
+from batchlens.control.law import Peak, State, Tuning, decide
 from batchlens.control.signals import Window
 from batchlens.goodput import Slo
 
@@ -38,14 +38,23 @@ class Steering:
     hold_until: float = 0.0  # the law's drain pause
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
+    peak: Peak | None = None  # the law's throughput peak, and the ceiling it set (law.State)
+    ceiling: int | None = None
+    ceiling_until: float = 0.0
+
+    def law_state(self, limit: int) -> State:
+        return State(limit, self.hold_until, self.peak, self.ceiling, self.ceiling_until)
 
     def to_dict(self) -> dict:
         return {"limit": self.limit, "hold_until": self.hold_until, "seen_limit": self.seen_limit,
-                "manual_until": self.manual_until}  # fmt: skip
+                "manual_until": self.manual_until, "peak": None if self.peak is None else asdict(self.peak),
+                "ceiling": self.ceiling, "ceiling_until": self.ceiling_until}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
-        return cls(**{k: data[k] for k in ("limit", "hold_until", "seen_limit", "manual_until") if k in data})
+        fields = ("limit", "hold_until", "seen_limit", "manual_until", "ceiling", "ceiling_until")
+        peak = data.get("peak")
+        return cls(**{k: data[k] for k in fields if k in data}, peak=None if peak is None else Peak(**peak))
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ def tuning(control: Control, capacity: int) -> Tuning:
     top = min(control.max_limit or capacity, capacity)
     return Tuning(
         min_limit=min(control.min_limit, top), max_limit=top, kv_target=control.kv_target,
-        drain_seconds=control.drain_seconds, max_step=control.max_step,
+        drain_seconds=control.drain_seconds, max_step=control.max_step, past_peak=control.past_peak,
     )  # fmt: skip
 
 
@@ -94,7 +103,9 @@ def steer(
         state = replace(state, limit=in_force)
     if signals is None:
         return Tick(state, "warming_up", event)
-    decision = decide(State(state.limit, state.hold_until), signals, now, slo, bounds)
+    decision = decide(state.law_state(state.limit), signals, now, slo, bounds)
     if breaker_open and decision.limit >= in_force:
         return Tick(state, "breaker_open", event)
-    return Tick(replace(state, limit=decision.limit, hold_until=decision.state.hold_until), decision.reason, event)
+    law = decision.state
+    return Tick(replace(state, limit=law.limit, hold_until=law.hold_until, peak=law.peak, ceiling=law.ceiling,
+                        ceiling_until=law.ceiling_until), decision.reason, event)  # fmt: skip

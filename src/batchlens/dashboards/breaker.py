@@ -77,9 +77,10 @@ def breaker(thresholds: Thresholds) -> dict:
                                 ("sum by (reason) (increase(batchlens_controller_decisions_total"
                                  f"{{{INSTANCE}}}[$__rate_interval]))", "{{reason}}"),
                                 drawStyle="bars",
-                                description="What each tick decided: headroom and slow_start grow, pace_over and "
-                                            "kv_ceiling cut, drain waits after a cut; manual_hold, breaker_open "
-                                            "and no_signal mean control is paused (docs/control.md)."), 8),
+                                description="What each tick decided: headroom and slow_start grow; pace_over, "
+                                            "kv_ceiling and past_peak cut; drain waits after a cut; manual_hold, "
+                                            "breaker_open and no_signal mean control is paused (docs/control.md)."),
+                     8),
                 ],
             ),
             (6, [(timeline, 24)]),

@@ -1,0 +1,47 @@
+"""`batchlens demo`: the click wiring. The work is in this package's __init__."""
+
+from __future__ import annotations
+
+import click
+
+from batchlens.clikit import load as load_or_fail
+from batchlens.clikit import writable_folder
+
+
+@click.command()
+@click.option("--run-dir", type=click.Path(file_okay=False), default=".demo", show_default=True,
+              help="Folder for logs, data, tokens and the rendered configs.")  # fmt: skip
+@click.option("--port-offset", type=click.IntRange(0, 50000), default=0, show_default=True,
+              help="Add this to every port (8000, 9090, 9093, 9400, 9401, 3000) to run beside others.")  # fmt: skip
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="The simulator's speed (simulated seconds per second).")  # fmt: skip
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=2.5, show_default=True,
+              help="Requests per second of the load generator (bursty arrivals).")  # fmt: skip
+@click.option("--max-num-seqs", type=click.IntRange(1), default=64, show_default=True,
+              help="The simulated engine's batch capacity.")  # fmt: skip
+@click.option(
+    "--steer/--no-steer",
+    default=True,
+    show_default=True,
+    help="Run the adaptive controller in the hook; --no-steer leaves the breaker alone, to compare.",
+)
+def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs: int, steer: bool) -> None:
+    """Run the whole stack natively, without Docker, until Ctrl-C.
+
+    The simulator (a vLLM stand-in with a simulated A100) under bursty load, the
+    exporter, the remediation hook, Prometheus with the rules, Alertmanager with
+    the routing, and Grafana with the dashboards when grafana-server is
+    installed. Everything lives in --run-dir; the URLs are printed once all is
+    up. Prometheus and Alertmanager come from the Debian packages prometheus and
+    prometheus-alertmanager; a missing one is reported and the rest starts.
+    """
+    from pathlib import Path
+
+    from batchlens.demo import Demo, run
+
+    writable_folder(run_dir, "--run-dir")
+    try:
+        run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs, steer=steer,
+                 config=load_or_fail(None, {})))  # fmt: skip
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None

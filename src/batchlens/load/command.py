@@ -1,0 +1,84 @@
+"""`batchlens load`: the click wiring. The work is in plan.py and client.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from batchlens.clikit import HttpUrl, token_counts
+from batchlens.load.plan import ARRIVALS
+
+
+@click.command()
+@click.option(
+    "--url",
+    required=True,
+    type=HttpUrl("http://127.0.0.1:8000", strip=("/v1",)),
+    metavar="URL",
+    help="Base URL of an OpenAI-compatible server (vLLM, batchlens simulate); a trailing /v1 is fine.",
+)
+@click.option("--model", default=None, help="Model name; default: the first one /v1/models lists.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Mean requests per second.")  # fmt: skip
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds during which requests are sent; the run then waits for the last replies.")  # fmt: skip
+@click.option("--arrival", type=click.Choice(ARRIVALS), default="poisson", show_default=True,
+              help="poisson: random arrivals at a steady mean. bursty: 2 s at 3x the rate, then quiet, same mean. "
+              "steady: evenly spaced (a scheduled feed).")  # fmt: skip
+@click.option("--prompt-tokens", default="256,512,1024,2048", show_default=True, callback=token_counts,
+              help="Prompt lengths to draw from, evenly (the article's buckets by default).")  # fmt: skip
+@click.option("--output-tokens", default="128", show_default=True, callback=token_counts,
+              help="Output lengths to draw from (ignore_eos).")  # fmt: skip
+@click.option("--stream-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Share of requests that stream (only those give TTFT and ITL).")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True)
+@click.option("--max-connections", type=click.IntRange(1), default=512, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same schedule and lengths.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def load(
+    url: str,
+    model: str | None,
+    rate: float,
+    duration: float,
+    arrival: str,
+    prompt_tokens: tuple[int, ...],
+    output_tokens: tuple[int, ...],
+    stream_share: float,
+    timeout: float,
+    max_connections: int,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Send an open-loop load and report TTFT, ITL and E2E at P50/P90/P99, and throughput.
+
+    Requests leave on their schedule whether or not the server keeps up, as
+    users arrive. Prompts are token-id lists and `ignore_eos` holds outputs to
+    their length, so the same run works against vLLM (with or without a
+    tokenizer) and against `batchlens simulate`.
+
+    \b
+    Example:
+      batchlens load --url http://127.0.0.1:8000 --rate 8 --duration 60 --arrival bursty
+    """
+    import asyncio
+
+    from batchlens.load.client import run
+    from batchlens.load.plan import LoadSpec, format_report, plan, report
+
+    spec = LoadSpec(
+        rate=rate, duration=duration, arrival=arrival, prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens, stream_share=stream_share, seed=seed,
+    )  # fmt: skip
+    planned = plan(spec)
+    try:
+        used, results, wall = asyncio.run(
+            run(url.rstrip("/"), planned, model=model, timeout=timeout, max_connections=max_connections)
+        )
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot load {url}: {exc}") from None
+    rep = {"url": url, "model": used, **report(results, wall)}
+    click.echo(json.dumps(rep, indent=2) if as_json else f"{url} ({used})\n" + format_report(rep))
+    if rep["succeeded"] < rep["requests"]:
+        sys.exit(1)

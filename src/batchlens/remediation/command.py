@@ -1,0 +1,51 @@
+"""`batchlens remediate`: the click wiring. The work is in server.py, service.py and the breaker."""
+
+from __future__ import annotations
+
+import click
+
+from batchlens.clikit import config_option, flag_overrides
+from batchlens.clikit import load as load_or_fail
+
+
+@click.command()
+@config_option
+@click.option("--listen", metavar="HOST:PORT", help="Where to serve the webhook [default: 127.0.0.1:9401].")
+@click.option("--alertmanager", "alertmanager_url", metavar="URL", help="Alertmanager to page through (API v2).")
+@click.option("--state", "state_path", metavar="PATH", help="SQLite state file [default: batchlens-state.sqlite].")
+@click.option("--dry-run", is_flag=True, default=None, help="Decide and log, but never change a batch limit.")
+def remediate(
+    config_path: str | None, listen: str | None, alertmanager_url: str | None, state_path: str | None,
+    dry_run: bool | None,
+) -> None:  # fmt: skip
+    """Run the P99 breaker: Alertmanager webhook in, batch limit changes out.
+
+    When VllmP99LatencyBreaker fires for an engine, the hook halves its batch
+    limit through the batchlens admin API; each later notification outside the
+    cooldown is another strike, and the last strike sets the cold-start limit
+    and pages on-call. When the alert resolves, the limit grows back step by
+    step. State survives restarts (SQLite); every action is appended to
+    STATE.actions.jsonl. The webhook needs the bearer token from the variable
+    remediate.webhook_token_env names (BATCHLENS_WEBHOOK_TOKEN by default).
+
+    \b
+    Alertmanager receiver:
+      webhook_configs:
+        - url: http://127.0.0.1:9401/alertmanager
+          http_config: {authorization: {credentials_file: /etc/batchlens/webhook-token}}
+    """
+    from batchlens.remediation.server import serve
+    from batchlens.remediation.store import StoreError
+
+    overrides = flag_overrides("remediate", listen=listen, alertmanager_url=alertmanager_url, state_path=state_path)
+    if dry_run:
+        overrides["breaker"] = {"dry_run": True}
+    config = load_or_fail(config_path, overrides)
+    if not config.engines:
+        raise click.ClickException("no engines configured: the hook needs engines: in the config file")
+    try:
+        serve(config)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {config.remediate.listen}: {exc.strerror or exc}") from None

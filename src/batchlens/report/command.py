@@ -1,0 +1,67 @@
+"""`batchlens report`: the click wiring. The work is in data.py and render.py."""
+
+from __future__ import annotations
+
+import click
+
+from batchlens.clikit import (
+    config_option,
+    duration,
+    prometheus_option,
+    prometheus_timeout_option,
+    range_option,
+    writable_folder,
+)
+from batchlens.clikit import load as load_or_fail
+
+
+@click.command()
+@config_option
+@prometheus_option
+@range_option
+@prometheus_timeout_option
+@click.option("--out", type=click.Path(file_okay=False), default="batchlens-report", show_default=True,
+              help="Folder for report.png and report.html.")  # fmt: skip
+def report(config_path: str | None, prometheus_url: str, range_: str, timeout: float, out: str) -> None:
+    """Write the batch efficiency trend report: a PNG and an HTML page.
+
+    It shows what the overview dashboard shows, without Grafana: the operating
+    points (throughput against P99, colored by GPU memory busy), the batch
+    efficiency decay (tokens/s per running sequence against the batch), KV
+    blocks and GPU memory busy over time, and a table of averages per batch
+    limit. The thresholds and the P99 latency come from the config.
+
+    --range is how far back it may look: on a young deployment the report
+    starts where the data starts, and its step follows the span it covers
+    (about 600 points), so a short history is drawn in detail. It needs
+    batchlens' recording rules (alerts/batchlens.rules.yml) in Prometheus.
+    """
+    import asyncio
+    import time
+
+    import aiohttp
+
+    from batchlens.prometheus_api import Prometheus, PrometheusError, step_for
+    from batchlens.report.data import available, fetch
+    from batchlens.report.render import write
+
+    config = load_or_fail(config_path, {})
+    seconds = duration(range_, "--range")
+    folder = writable_folder(out, "--out")
+
+    async def load():
+        async with aiohttp.ClientSession() as session:
+            prometheus = Prometheus(session, prometheus_url, timeout)
+            start, end = await available(prometheus, config.thresholds, seconds, time.time())
+            return await fetch(prometheus, config.thresholds, start, end, step_for(end - start, REPORT_POINTS))
+
+    try:
+        data = asyncio.run(load())
+    except PrometheusError as exc:
+        raise click.ClickException(str(exc)) from None
+    png, page = write(data, folder)
+    click.echo(f"wrote {png} and {page} ({sum(len(p) for p in data.points.values())} points over "
+               f"{data.end - data.start:.0f} s, {len(data.points)} engines)")  # fmt: skip
+
+
+REPORT_POINTS = 600
