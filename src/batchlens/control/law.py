@@ -16,18 +16,22 @@ baseline. Each tick, in this order:
 4. **App-limited.** Fewer than half the limit run and nothing waits: the limit
    is not what binds, so it does not move (it would otherwise creep upward
    with nobody to test it).
-5. **Past the throughput peak.** While the batch is full and requests wait,
-   the law remembers the limit that served the most tokens/s (for
-   ``peak_seconds``: the mix changes). A larger limit serving under
-   ``past_peak`` of that goes back to it, and growth stops short of the limit
-   that hurt until the peak is forgotten. On an engine whose throughput falls
-   past a batch size (KV re-reads thrashing L2, prefill stalls) the pace can
-   stay well within the SLO while each step of growth lengthens the queue:
-   only tokens/s shows it. A flat throughput is not a fall: under overload a
-   bigger batch still admits more requests within their TTFT.
+5. **Past the throughput peak.** The law remembers the most tokens/s any
+   window showed and the batch that made them (tokens/s x the mean gap),
+   averaged when that batch is seen again (so a change of mix corrects it).
+   When, twice in a row and after the batch settled, a batch over 10% larger
+   serves under ``past_peak`` of that, the limit comes down to the peak's
+   batch, and growth stops short of the limit that hurt for
+   ``peak_seconds``. On an engine whose throughput falls past a batch size
+   (KV re-reads thrashing L2, prefill stalls) the pace can stay within the
+   SLO while each step of growth lengthens the queue: only tokens/s shows it.
+   A flat throughput is not a fall: under overload a bigger batch still
+   admits more requests within their TTFT.
 6. **Headroom.** Requests wait behind a full batch and the pace has room under
    the SLO: far below it, double (slow start, bounded by ``max_step``); nearer,
-   add sqrt(limit) (slow increase, Envoy's headroom).
+   add sqrt(limit) (slow increase, Envoy's headroom). On an engine that has
+   shown a fall, growth is always the slow kind, and waits for a settled
+   window before each step: probe, then measure.
 
 A run starts at ``start_limit``, not at the capacity: a burst into an engine
 whose gate is wide open ruins every request in flight before the first tick
@@ -58,18 +62,25 @@ class Tuning:
     drain_seconds: float = 5.0
     max_step: float = 0.5  # a move is at most this share of the limit (and at least 1)
     past_peak: float | None = 0.85  # saturated tokens/s under this share of the peak's, above it: back to it
-    peak_seconds: float = 60.0  # a peak (and the ceiling it sets) is forgotten after this: the mix changes
+    peak_seconds: float = 60.0  # after a fall, no growth back to the limit that fell for this long
+    settle_seconds: float = 2.0  # tokens/s is judged on windows that start this long after the limit moved
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_limit <= self.max_limit:
             raise ValueError(f"need 1 <= min_limit <= max_limit, got {self.min_limit} and {self.max_limit}")
 
 
+PEAK_BATCH_SPAN = 1.1  # batches within 10% of the peak's are the peak's; a fall needs a batch 10% larger
+
+
 @dataclass(frozen=True)
 class Peak:
-    """The most tokens/s seen while the batch was full and requests waited, at which limit, and when."""
+    """The most tokens/s a window showed, with how many requests ran (the batch), and when.
 
-    limit: int
+    Seen again at about the same batch, its rate is averaged: a peak that is the luckiest of many noisy
+    windows would make every later window look like a fall."""
+
+    batch: float
     tokens_per_second: float
     at: float
 
@@ -81,6 +92,8 @@ class State:
     peak: Peak | None = None
     ceiling: int | None = None  # growth to this limit lowered throughput: do not grow to it again before ...
     ceiling_until: float = 0.0
+    since: float = 0.0  # when the limit last moved
+    below: int = 0  # settled saturated windows in a row under past_peak x the peak's rate
 
 
 @dataclass(frozen=True)
@@ -100,37 +113,61 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
     pace = decode_pace(w, tuning)
     if not math.isnan(pace) and pace > slo.tpot_seconds:
         cut = min(max(slo.tpot_seconds / pace, 0.5), 0.9)
-        return _move(state, math.floor(limit * cut), now + tuning.drain_seconds, "pace_over", tuning)
+        return _move(state, math.floor(limit * cut), now + tuning.drain_seconds, "pace_over", tuning, now)
     if w.kv_usage > tuning.kv_target and w.running > 0:
         ceiling = math.floor(w.running * tuning.kv_target / w.kv_usage)
         if ceiling < limit:
-            return _move(state, ceiling, now + tuning.drain_seconds, "kv_ceiling", tuning)
+            return _move(state, ceiling, now + tuning.drain_seconds, "kv_ceiling", tuning, now)
+    # The batch that made the window's tokens: tokens/s x the mean gap between them (each request in decode
+    # gives one token a step). The running gauge is the batch at the window's end, not during it.
+    batch = w.tokens_per_second * w.itl.mean if w.itl.count > 0 else math.nan
+    # Only a window that starts after the batch settled shows what a limit serves: requests just let in are
+    # still in prefill and give no tokens yet.
+    settled = now - w.seconds >= state.since + tuning.settle_seconds
+    if tuning.past_peak is not None and batch >= 1:
+        state = _remember_peak(state, batch, w.tokens_per_second, now)
+        peak = state.peak
+        fell = (settled and batch > PEAK_BATCH_SPAN * peak.batch and peak.batch < limit
+                and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second)  # fmt: skip
+        state = replace(state, below=state.below + 1 if fell else 0)
+        if state.below >= 2:
+            # Twice in a row, a bigger batch served fewer tokens/s than a smaller one did: it only lengthens
+            # the queue (L2 thrashing, prefill stalls). Down to the peak's batch, and no growth back to this
+            # limit for a while.
+            ceiling = limit if state.ceiling is None or now >= state.ceiling_until else min(limit, state.ceiling)
+            state = replace(state, peak=replace(peak, at=now), ceiling=ceiling,
+                            ceiling_until=now + tuning.peak_seconds, below=0)  # fmt: skip
+            return _move(state, math.ceil(peak.batch), now + tuning.drain_seconds, "past_peak", tuning, now)
+        if fell:
+            return Decision(state, "steady")  # once may be noise: no growth until the next window says
     if w.waiting == 0 and w.running < limit / 2:
         return Decision(state, "idle" if w.running == 0 else "app_limited")
     saturated = w.waiting > 0 and w.running >= 0.9 * limit
-    if saturated and tuning.past_peak is not None:
-        state = _remember_peak(state, w.tokens_per_second, now, tuning)
-        peak = state.peak
-        if limit > peak.limit and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second:
-            # A bigger batch that serves fewer tokens/s only lengthens the queue (L2 thrashing, prefill
-            # stalls): back to the peak's limit, and no growth past it while the peak is remembered.
-            state = replace(state, ceiling=limit, ceiling_until=peak.at + tuning.peak_seconds)
-            return _move(state, peak.limit, now + tuning.drain_seconds, "past_peak", tuning)
     if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
-        # Far below the SLO (slow start): double; near it: + sqrt(limit), Envoy's headroom.
-        far = math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2
+        # Far below the SLO (slow start): double; near it, or on an engine that has shown a throughput
+        # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds.
+        if state.ceiling is not None and not settled:
+            return Decision(state, "steady")  # probe, then measure: growth past a peak must show its tokens/s
+        capped = state.ceiling is not None and now < state.ceiling_until
+        far = state.ceiling is None and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2)
         target = 2 * limit if far else limit + math.ceil(math.sqrt(limit))
-        if state.ceiling is not None and now < state.ceiling_until:
+        if capped:
             target = min(target, state.ceiling - 1)
-        return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning)
+        return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning, now)
     return Decision(state, "steady")
 
 
-def _remember_peak(state: State, tokens_per_second: float, now: float, tuning: Tuning) -> State:
-    """The saturated throughput peak: a higher rate replaces it, and it is forgotten after peak_seconds."""
+def _remember_peak(state: State, batch: float, tokens_per_second: float, now: float) -> State:
+    """The throughput peak: a higher rate anywhere replaces it; seen again at its batch, it is averaged.
+
+    It is never forgotten by age alone: a peak learned again at a batch past the real one would let the
+    law grow on and never come back. When the mix changes, re-measuring at the peak's batch corrects it.
+    """
     peak = state.peak
-    if peak is None or now - peak.at > tuning.peak_seconds or tokens_per_second >= peak.tokens_per_second:
-        return replace(state, peak=Peak(state.limit, tokens_per_second, now))
+    if peak is not None and abs(batch - peak.batch) <= (PEAK_BATCH_SPAN - 1) * peak.batch:
+        return replace(state, peak=Peak(peak.batch, (peak.tokens_per_second + tokens_per_second) / 2, now))
+    if peak is None or tokens_per_second > peak.tokens_per_second:
+        return replace(state, peak=Peak(batch, tokens_per_second, now))
     return state
 
 
@@ -139,10 +176,11 @@ def decode_pace(w: Window, tuning: Tuning) -> float:
     return w.itl.mean if tuning.pace_quantile is None else w.itl.quantile(tuning.pace_quantile)
 
 
-def _move(state: State, target: int, hold_until: float, reason: str, tuning: Tuning) -> Decision:
+def _move(state: State, target: int, hold_until: float, reason: str, tuning: Tuning, now: float) -> Decision:
     step = max(1, math.floor(state.limit * tuning.max_step))
     bounded = min(max(target, state.limit - step), state.limit + step)
     limit = min(max(bounded, tuning.min_limit), tuning.max_limit)
     if limit == state.limit:
         return Decision(state, reason)
-    return Decision(replace(state, limit=limit, hold_until=hold_until if limit < state.limit else 0.0), reason)
+    moved = replace(state, limit=limit, hold_until=hold_until if limit < state.limit else 0.0, since=now, below=0)
+    return Decision(moved, reason)

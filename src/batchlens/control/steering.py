@@ -38,23 +38,30 @@ class Steering:
     hold_until: float = 0.0  # the law's drain pause
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
-    peak: Peak | None = None  # the law's throughput peak, and the ceiling it set (law.State)
+    # The rest of the law's State: its throughput peak, the ceiling it set, when the limit last moved.
+    peak: Peak | None = None
     ceiling: int | None = None
     ceiling_until: float = 0.0
+    since: float = 0.0
+    below: int = 0
 
     def law_state(self, limit: int) -> State:
-        return State(limit, self.hold_until, self.peak, self.ceiling, self.ceiling_until)
+        return State(limit, self.hold_until, self.peak, self.ceiling, self.ceiling_until, self.since, self.below)
+
+    def with_law(self, law: State) -> Steering:
+        return replace(self, limit=law.limit, hold_until=law.hold_until, peak=law.peak, ceiling=law.ceiling,
+                       ceiling_until=law.ceiling_until, since=law.since, below=law.below)  # fmt: skip
 
     def to_dict(self) -> dict:
-        return {"limit": self.limit, "hold_until": self.hold_until, "seen_limit": self.seen_limit,
-                "manual_until": self.manual_until, "peak": None if self.peak is None else asdict(self.peak),
-                "ceiling": self.ceiling, "ceiling_until": self.ceiling_until}  # fmt: skip
+        return {**{k: getattr(self, k) for k in _PLAIN}, "peak": None if self.peak is None else asdict(self.peak)}
 
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
-        fields = ("limit", "hold_until", "seen_limit", "manual_until", "ceiling", "ceiling_until")
         peak = data.get("peak")
-        return cls(**{k: data[k] for k in fields if k in data}, peak=None if peak is None else Peak(**peak))
+        return cls(**{k: data[k] for k in _PLAIN if k in data}, peak=None if peak is None else Peak(**peak))
+
+
+_PLAIN = ("limit", "hold_until", "seen_limit", "manual_until", "ceiling", "ceiling_until", "since", "below")
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,4 @@ def steer(
     decision = decide(state.law_state(state.limit), signals, now, slo, bounds)
     if breaker_open and decision.limit >= in_force:
         return Tick(state, "breaker_open", event)
-    law = decision.state
-    return Tick(replace(state, limit=law.limit, hold_until=law.hold_until, peak=law.peak, ceiling=law.ceiling,
-                        ceiling_until=law.ceiling_until), decision.reason, event)  # fmt: skip
+    return Tick(state.with_law(decision.state), decision.reason, event)
