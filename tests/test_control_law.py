@@ -97,6 +97,8 @@ OLD_PEAK = Peak(32, 1000.0, 0.0)  # the same, seen 100 s ago: a peak is not forg
         (State(48, peak=PEAK), w(running=48, waiting=9, pace=0.06, tps=800), 100, 48, "steady"),  # once: wait
         (State(48, peak=PEAK, below=1), w(running=48, waiting=9, pace=0.05, tps=900), 100, 55, "headroom"),  # <15%
         (State(48, peak=OLD_PEAK, below=1), w(running=48, waiting=9, pace=0.06, tps=800), 100, 32, "past_peak"),
+        # a burst of arrivals under the limit (nothing waits) lowers tokens/s with its prefills: not a fall
+        (State(135, peak=Peak(79, 2881, 95), below=1), w(running=126, pace=0.062, tps=2067), 100, 135, "steady"),
         # a window that began before the batch settled (the limit moved at 99) says nothing of tokens/s
         (State(48, peak=PEAK, below=1, since=99), w(running=48, waiting=9, pace=0.06, tps=800), 100, 55, "headroom"),
         # ... and no growth to the limit that lowered it while the peak is remembered

@@ -33,10 +33,13 @@ baseline. Each tick, in this order:
    shown a fall, growth is always the slow kind, and waits for a settled
    window before each step: probe, then measure.
 
-A run starts at ``start_limit``, not at the capacity: a burst into an engine
-whose gate is wide open ruins every request in flight before the first tick
-can react (benchmarks/controller.py measured it: 0.69 of the best static limit
-from the capacity, 0.94 to 1.01 from 16).
+A replayed run starts at ``start_limit``, an eighth of the capacity unless
+set: a burst into an engine whose gate is wide open ruins every request in
+flight before the first tick can react (benchmarks/controller.py measured
+0.75 of the best static limit from the capacity on bursty load), and a start
+far below it queues the first seconds of a heavy load for longer than they
+last (0.83 from 16 on the published profile's steady load, 0.97 from 32).
+Live, control starts from the limit in force (control/steering.py).
 
 Every answer is clamped to [min_limit, max_limit] and to a step of at most
 ``max_step`` times the limit.
@@ -55,7 +58,7 @@ from batchlens.goodput import Slo
 class Tuning:
     min_limit: int = 1
     max_limit: int = 256
-    start_limit: int = 16  # slow start: grow from here with headroom, never open the gate wide on a burst
+    start_limit: int | None = None  # where a replayed run starts; None: an eighth of max_limit
     pace_quantile: float | None = None  # None: the mean gap (exact, and what TPOT averages); else this quantile
     headroom: float = 0.8  # grow only while the pace is under this share of the SLO
     kv_target: float = 0.9
@@ -124,10 +127,13 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
     # Only a window that starts after the batch settled shows what a limit serves: requests just let in are
     # still in prefill and give no tokens yet.
     settled = now - w.seconds >= state.since + tuning.settle_seconds
+    saturated = w.waiting > 0 and w.running >= 0.9 * limit
     if tuning.past_peak is not None and batch >= 1:
         state = _remember_peak(state, batch, w.tokens_per_second, now)
         peak = state.peak
-        fell = (settled and batch > PEAK_BATCH_SPAN * peak.batch and peak.batch < limit
+        # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
+        # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
+        fell = (settled and saturated and batch > PEAK_BATCH_SPAN * peak.batch and peak.batch < limit
                 and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second)  # fmt: skip
         state = replace(state, below=state.below + 1 if fell else 0)
         if state.below >= 2:
@@ -142,7 +148,6 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             return Decision(state, "steady")  # once may be noise: no growth until the next window says
     if w.waiting == 0 and w.running < limit / 2:
         return Decision(state, "idle" if w.running == 0 else "app_limited")
-    saturated = w.waiting > 0 and w.running >= 0.9 * limit
     if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
         # Far below the SLO (slow start): double; near it, or on an engine that has shown a throughput
         # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds.

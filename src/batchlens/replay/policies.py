@@ -82,7 +82,8 @@ class Adaptive:
     def initial(self, capacity: int) -> int:
         self.tuning = self.tuning or Tuning(max_limit=capacity)
         self.tuning = replace(self.tuning, max_limit=min(self.tuning.max_limit, capacity))
-        start = min(max(self.tuning.start_limit, self.tuning.min_limit), self.tuning.max_limit)
+        wanted = self.tuning.start_limit or max(1, self.tuning.max_limit // 8)
+        start = min(max(wanted, self.tuning.min_limit), self.tuning.max_limit)
         self._state, self._previous = (State(start) if self.pid is None else PidState(start)), None
         return self._state.limit
 
