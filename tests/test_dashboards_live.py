@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from batchlens.cli import REPORT_POINTS
 from batchlens.prometheus_api import step_for
+from batchlens.report.command import REPORT_POINTS
 from harness.admin import AdminClient
 from harness.exporter import BATCHLENS, ExporterProcess
 from harness.grafana import interpolate, panel_results, run_query, table_frames, transform, walk_panels
