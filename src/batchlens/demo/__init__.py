@@ -239,7 +239,10 @@ class Demo:
 def run(demo: Demo) -> None:
     """Start, print the URLs, wait for Ctrl-C or SIGTERM, stop. A service that dies raises, with its reason."""
     stopping = []
+    # Both stop it, even where its parent started it with SIGINT ignored (nohup, a background job of a script):
+    # Python leaves an inherited SIG_IGN in place, and Ctrl-C would then do nothing.
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     failed = None
     try:
         demo.start()
@@ -252,8 +255,6 @@ def run(demo: Demo) -> None:
                 log.error("%s: stopping the demo", failed)
                 break
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
     finally:
         if demo.services:
             print("stopping ...", flush=True)
