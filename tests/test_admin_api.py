@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from batchlens.admin_api import AdminError, check_token, combine, parse_update
-from batchlens.vllm_plugin.compat import missing_internals, refusal, version_supported
 
 
 def status(fn, *args) -> int:
@@ -68,43 +67,3 @@ def test_data_parallel_engines_combine_into_one_state() -> None:
     assert (state.max_num_seqs, state.max_num_active_seqs, state.num_running, state.num_waiting) == (32, 8, 13, 3)
     assert [e.engine for e in state.engines] == [0, 1]
     assert status(combine, []) == 503
-
-
-def test_versions_are_matched_by_major_and_minor() -> None:
-    assert version_supported("0.32.0") and version_supported("0.32.5rc1") and version_supported("0.32")
-    assert not version_supported("0.31.2") and not version_supported("0.320.0") and not version_supported("1")
-
-
-class Scheduler:
-    def __init__(self) -> None:
-        self.max_num_running_reqs = 8
-        self.max_num_active_reqs = 8
-
-    def schedule(self) -> bool:
-        return len([]) < self.max_num_active_reqs
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return 0, 0
-
-
-class EngineCore:
-    def __init__(self) -> None:
-        self.scheduler = Scheduler()
-
-
-class RenamedScheduler(Scheduler):
-    def __init__(self) -> None:
-        self.max_running = 8
-
-    def schedule(self) -> bool:
-        return True
-
-
-def test_internals_are_checked_in_the_code_not_only_by_name() -> None:
-    assert missing_internals(Scheduler, EngineCore) == []
-    missing = missing_internals(RenamedScheduler, EngineCore)
-    assert "Scheduler.schedule admits by max_num_active_reqs" in missing
-    assert "Scheduler.__init__ sets max_num_active_reqs" in missing
-    assert refusal("0.32.0", Scheduler, EngineCore) is None
-    assert "0.31.0 is not supported (supported: 0.32.x)" in refusal("0.31.0", Scheduler, EngineCore)
-    assert "lacks what the plugin relies on" in refusal("0.32.1", RenamedScheduler, EngineCore)

@@ -11,60 +11,10 @@ import re
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from batchlens.admin_api import TOKEN_ENV
-from harness.exporter import ExporterProcess, Samples, one, parse_samples, pick
+from harness.exporter import ExporterProcess, compare, one, parse_samples, pick
 from harness.prometheus import PrometheusServer
-
-MONOTONIC_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
-
-
-def _kinds(text: str) -> dict[str, str]:
-    """Sample name -> 'counter' (monotonic) or 'gauge', from vLLM's own type lines."""
-    kinds = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            monotonic = s.name.endswith(MONOTONIC_SUFFIXES.get(family.type, ()))
-            kinds[s.name] = "counter" if monotonic else "gauge"
-    return kinds
-
-
-def _without_instance(samples: Samples, instance: str, vllm_names: set[str]) -> Samples:
-    """The engine's samples without the added label, less the exporter's own batchlens_* series.
-
-    The batchlens vLLM plugin exports batchlens_* series of its own (the arrival series) from inside
-    vLLM: those are vLLM's samples like any other and must pass through.
-    """
-    label = ("vllm_instance", instance)
-    return {
-        (n, lbl - {label}): v
-        for (n, lbl), v in samples.items()
-        if label in lbl and (n in vllm_names or not n.startswith("batchlens_"))
-    }
-
-
-def compare(vllm_text: str, exported: Samples, instance: str, *, quiescent: bool) -> None:
-    """Every vLLM sample is in the exporter's output with the added label; counters equal or grown.
-
-    Under load, vLLM may create series between its scrape and the exporter's (the
-    first request of a kind creates its http_* series), so the exporter's set may
-    only be larger. Once quiescent, the series sets and every gauge must be equal.
-    """
-    vllm = parse_samples(vllm_text)
-    kinds = _kinds(vllm_text)
-    mine = _without_instance(exported, instance, {name for name, _ in vllm})
-    missing = set(vllm) - set(mine)
-    assert not missing, f"{len(missing)} vLLM samples missing, e.g. {sorted(missing, key=str)[:3]}"
-    if quiescent:
-        assert set(vllm) == set(mine), f"extra series: {sorted(set(mine) - set(vllm), key=str)[:3]}"
-    for key, value in vllm.items():
-        name = key[0]
-        if kinds[name] == "counter":
-            assert mine[key] >= value, f"counter {key} went back: {mine[key]} < {value}"
-        elif quiescent and not name.startswith("process_"):
-            # process_* gauges (RSS, open fds) move on their own between two scrapes.
-            assert mine[key] == value or (value != value and mine[key] != mine[key]), f"gauge {key}"
 
 
 @pytest.mark.vllm

@@ -1,11 +1,13 @@
 """Pure merge logic: derived KV/batch metrics and rendering a snapshot. No servers, no fakes.
 
-Input is the real vLLM 0.32 exposition in tests/data, edited where a case needs it.
+Input is the real vLLM 0.32 exposition in tests/data, edited where a case needs it, and each release's
+capture in tests/data/releases.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from batchlens.admin_api import BatchState, combine
 from batchlens.exporter.derive import batch_metrics, kv_block_metrics
@@ -47,6 +49,22 @@ def test_kv_usage_falls_back_to_the_pre_0_10_name(vllm_exposition: str) -> None:
     base = {"vllm_instance": "old"}
     used = kv_block_metrics(ExpositionReader(base).parse(text), base)[1]
     assert [s.value for s in used.samples] == [round(_num_gpu_blocks(text) * 0.5)]
+
+
+def test_every_release_gives_kv_blocks_and_a_batch_limit_per_engine(release_capture: Path) -> None:
+    """On each release's own capture (under load, so blocks are in use): the derived gauges and their labels."""
+    release_exposition = release_capture.read_text()
+    total = _num_gpu_blocks(release_exposition)
+    src = parse_samples(release_exposition)
+    usage = pick(src, "vllm:kv_cache_usage_perc") or pick(src, "vllm:gpu_cache_usage_perc")
+    state = BatchState(max_num_seqs=32, max_num_active_seqs=4, num_running=4, num_waiting=8)
+    out = parse_samples(render(_snapshot(_state("r", release_exposition, admin=state))).decode())
+    engine = {"vllm_instance": "r", "engine": "0"}
+    assert one(out, "batchlens_kv_blocks_total", **engine) == total
+    assert one(out, "batchlens_kv_blocks_used", **engine) == round(total * next(iter(usage.values()))) > 0
+    model = dict(next(iter(pick(src, "vllm:num_requests_running"))))["model_name"]
+    assert one(out, "batchlens_batch_limit", **engine, model_name=model) == 4
+    assert one(out, "batchlens_batch_capacity", **engine, model_name=model) == 32
 
 
 def test_no_cache_config_means_no_kv_metrics() -> None:

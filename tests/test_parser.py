@@ -8,6 +8,7 @@ from a live vLLM itself.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -164,6 +165,13 @@ def test_captured_vllm_exposition_matches_prometheus_client(vllm_exposition: str
     # vLLM 0.32 (prometheus_client) writes each _created series as a gauge family of its own.
     assert by_name["vllm:request_success_created"].type == "gauge"
     assert all(f.type is not None for f in families)
+
+
+def test_every_releases_exposition_matches_prometheus_client(release_capture: Path) -> None:
+    """vLLM 0.10 to 0.32, each captured under load: the names, labels and types moved between them."""
+    release_exposition = release_capture.read_text()
+    families = assert_matches_oracle(release_exposition)
+    assert {"vllm:num_requests_running", "vllm:cache_config_info"} <= {f.name for f in families}
 
 
 @pytest.mark.vllm

@@ -7,26 +7,28 @@ the captured exposition always, and the live CPU server under the `vllm` marker.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, DIALECTS, dialect
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, PUBLISHED
 from batchlens.simulator.vllm_metrics import VllmMetrics
 from batchlens.simulator.workload import closed_loop, drain
-from harness.vllm import VllmServer
+from harness.vllm import VllmServer, release_of
 
 LIMITS = (1, 2, 4, 8, 16, 32)
 # The families dashboards, rules and the exporter read: none may drift from vLLM's.
-CORE = (
+CORE = frozenset((
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions",
     "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
     "vllm:request_success", "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens", "vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
-)  # fmt: skip
+))  # fmt: skip
 CACHE_LABELS_USED = {"block_size", "num_gpu_blocks", "engine", "gpu_memory_utilization"}
 
 
@@ -108,9 +110,9 @@ def _shapes(text: str) -> dict[str, tuple[str, frozenset[str], tuple[str, ...]]]
     return shapes
 
 
-def simulated_exposition() -> str:
+def simulated_exposition(vllm_version: str = DEFAULT_VLLM_VERSION) -> str:
     e = engine()
-    metrics = VllmMetrics(e, "deepseek-sim")
+    metrics = VllmMetrics(e, "deepseek-sim", vllm_version=vllm_version)
     for i in range(6):
         e.add(SimRequest(f"r{i}", 300, 20, 0.0))
     for step in drain(e):
@@ -118,9 +120,9 @@ def simulated_exposition() -> str:
     return metrics.render().decode()
 
 
-def check_fidelity(real_text: str) -> None:
-    real, ours = _shapes(real_text), _shapes(simulated_exposition())
-    for name in CORE:
+def check_fidelity(real_text: str, vllm_version: str = DEFAULT_VLLM_VERSION) -> None:
+    real, ours = _shapes(real_text), _shapes(simulated_exposition(vllm_version))
+    for name in CORE | dialect(vllm_version):
         assert name in real, f"{name} is not in the real exposition: the CORE list is out of date"
         assert ours.get(name) == real[name], f"{name}: simulator {ours.get(name)} != vLLM {real[name]}"
     cache = "vllm:cache_config_info"
@@ -129,6 +131,16 @@ def check_fidelity(real_text: str) -> None:
 
 def test_the_simulators_families_match_a_captured_vllm(vllm_exposition: str) -> None:
     check_fidelity(vllm_exposition)
+
+
+def test_the_simulator_speaks_each_releases_dialect(release_capture: Path) -> None:
+    """With --vllm-version, the simulator's families match that release's capture, deprecated twins included."""
+    version = release_of(release_capture)
+    real = release_capture.read_text()
+    check_fidelity(real, version)
+    # A deprecated name the release does not have is not invented either.
+    for name in DIALECTS[0][1] - dialect(version):
+        assert name not in _shapes(real) and name not in _shapes(simulated_exposition(version)), (version, name)
 
 
 @pytest.mark.vllm

@@ -162,12 +162,20 @@ GUARD = textwrap.dedent(
     """
     import logging, sys
     logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(message)s", stream=sys.stdout)
-    import vllm, vllm.v1.core.sched.scheduler as sched
+    import vllm.v1.core.sched.scheduler as sched
     from fastapi import FastAPI
-    if sys.argv[1] == "old":
-        vllm.__version__ = "0.31.2"
-    elif sys.argv[1] == "changed":
-        sched.Scheduler = type("Scheduler", (), {"__init__": lambda self: None, "schedule": lambda self: None})
+
+    class Release010(sched.Scheduler):  # the shape of vLLM 0.10-0.31: no admission field
+        def __init__(self):
+            self.max_num_running_reqs = 1
+        def schedule(self):
+            return len(self.running) == self.max_num_running_reqs
+
+    class Unknown(Release010):  # and a release where another method also reads the slot count
+        def make_stats(self):
+            return self.max_num_running_reqs
+
+    sched.Scheduler = {"as-is": sched.Scheduler, "running-cap": Release010, "unknown": Unknown}[sys.argv[1]]
     from batchlens.vllm_plugin import endpoint, register
     from vllm.v1.engine.core import EngineCore
     register()
@@ -175,27 +183,33 @@ GUARD = textwrap.dedent(
     plugin = endpoint()
     plugin.attach_router(app)
     routes = sorted(r.path for r in app.routes if "batchlens" in getattr(r, "path", ""))
-    print("RESULT", hasattr(EngineCore, "batchlens_batch"), routes)
+    print("RESULT", hasattr(EngineCore, "batchlens_batch"), plugin.support.mechanism, routes)
     """
 )
 
 
 @pytest.mark.parametrize(
-    ("case", "installed", "said"),
+    ("case", "mechanism", "said"),
     [
-        ("as-is", True, None),
-        ("old", False, "vLLM 0.31.2 is not supported (supported: 0.32.x)"),
-        ("changed", False, "lacks what the plugin relies on: Scheduler.__init__ sets max_num_active_reqs"),
+        ("as-is", "max_num_active_reqs", None),
+        ("running-cap", "running_cap", None),
+        (
+            "unknown",
+            None,
+            "vLLM 0.32.0: Scheduler has no max_num_active_reqs, and max_num_running_reqs is also read by "
+            "Scheduler.make_stats, so it cannot be lowered for admission alone.",
+        ),
     ],
 )
-def test_the_plugin_installs_only_on_the_vllm_it_knows(vllm_plugin_env, case: str, installed: bool, said) -> None:
-    """The plugin's own entry points, called in the real vLLM environment with the version or internals changed."""
+def test_the_plugin_picks_the_mechanism_the_scheduler_offers_or_refuses(vllm_plugin_env, case, mechanism, said) -> None:
+    """The plugin's own entry points in the real vLLM environment, with the scheduler's shape changed."""
     env = {**os.environ, **vllm_plugin_env}
     done = subprocess.run([str(vllm_python()), "-c", GUARD, case], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    routes = "['/batchlens/v1/batch', '/batchlens/v1/batch', '/batchlens/v1/info']" if installed else "[]"
-    assert result == f"RESULT {installed} {routes}"
+    # Refused or not, the routes are there: refused, they answer 501 with the reason.
+    routes = "['/batchlens/v1/batch', '/batchlens/v1/batch', '/batchlens/v1/info']"
+    assert result == f"RESULT {mechanism is not None} {mechanism} {routes}"
     output = (done.stdout + done.stderr).splitlines()
     refusals = [line for line in output if "batchlens: admin API not installed" in line]
     if said:

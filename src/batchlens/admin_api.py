@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-BATCH_PATH = "/batchlens/v1/batch"
-INFO_PATH = "/batchlens/v1/info"
+API_PREFIX = "/batchlens/v1/"
+BATCH_PATH = API_PREFIX + "batch"
+INFO_PATH = API_PREFIX + "info"
 TOKEN_ENV = "BATCHLENS_ADMIN_TOKEN"
 MAX_BODY_BYTES = 4096
 
@@ -64,6 +65,10 @@ class AdminInfo(BaseModel):
     max_num_batched_tokens: int = Field(ge=1)
     block_size: int = Field(ge=1)
     num_gpu_blocks: int | None = Field(None, ge=0)
+    #: How the plugin caps admission on this release (docs/compatibility.md); None from servers before it said.
+    admission: str | None = None
+    #: How the routes are served: vLLM's endpoint plugins, or the ``--middleware`` hook on older releases.
+    api_route: str | None = None
 
 
 class AdminError(Exception):

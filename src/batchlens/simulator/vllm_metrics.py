@@ -1,16 +1,21 @@
-"""The simulator's /metrics, under vLLM 0.32's own names, types, labels and buckets.
+"""The simulator's /metrics, under vLLM's own names, types, labels and buckets, in a chosen release's dialect.
 
 Dashboards, rules and the exporter read the simulator exactly as they read a
 real vLLM, so the families here must not drift from vLLM's:
-tests/test_simulator.py compares them with a real vLLM 0.32 exposition.
-vLLM renders its metrics with prometheus_client, and so does this module.
+tests/test_simulator.py compares them with a real exposition of each release
+the matrix captured (tests/data/releases). vLLM renders its metrics with
+prometheus_client, and so does this module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, TPOT, dialect
 from batchlens.simulator.engine import Engine, SimRequest, StepResult
 
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py).
@@ -34,11 +39,38 @@ REQUEST_TIMES = {
 }
 
 
+class Twins:
+    """A metric and its deprecated twin: vLLM updates both, so every update goes to both."""
+
+    def __init__(self, *metrics: Gauge | Counter | Histogram):
+        self._metrics = metrics
+
+    def set(self, value: float) -> None:
+        for metric in self._metrics:
+            metric.set(value)  # type: ignore[union-attr]
+
+    def inc(self, amount: float = 1) -> None:
+        for metric in self._metrics:
+            metric.inc(amount)  # type: ignore[union-attr]
+
+    def observe(self, value: float) -> None:
+        for metric in self._metrics:
+            metric.observe(value)  # type: ignore[union-attr]
+
+
 class VllmMetrics:
     """The engine's counters, gauges and histograms; :meth:`render` gives the text exposition."""
 
-    def __init__(self, engine: Engine, model_name: str, engine_index: int = 0, gpu_memory_utilization: float = 0.9):
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        engine_index: int = 0,
+        gpu_memory_utilization: float = 0.9,
+        vllm_version: str = DEFAULT_VLLM_VERSION,
+    ):
         self.registry = CollectorRegistry()
+        old_names = dialect(vllm_version)
         self._engine = engine
         labels = {"model_name": model_name, "engine": str(engine_index)}
         r = self.registry
@@ -52,17 +84,29 @@ class VllmMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(**labels)
 
+        def renamed(make: Callable[..., Any], name: str, old_name: str, doc: str, *args: Any) -> Any:
+            """The metric, and where this release still has it, its deprecated twin under the old name."""
+            if old_name not in old_names:
+                return make(name, doc, *args)
+            return Twins(make(name, doc, *args), make(old_name, f"{doc} DEPRECATED: Use {name} instead.", *args))
+
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.kv_usage = renamed(
+            gauge, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         # No prefix caching is simulated: every prompt token is a query, none a hit.
-        self.prefix_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
-        )
-        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.prefix_queries = renamed(
+            counter, "vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )  # fmt: skip
+        self.prefix_hits = renamed(
+            counter, "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+        )  # fmt: skip
         success = Counter(
             "vllm:request_success", "Count of successfully processed requests.", (*LABELS, "finished_reason"),
             registry=r,
@@ -80,9 +124,10 @@ class VllmMetrics:
         self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
         )
-        self.itl = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS
-        )
+        self.itl = renamed(
+            histogram, "vllm:inter_token_latency_seconds", TPOT, "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )  # fmt: skip
         self.request_time = {
             phase: histogram(name, doc, REQUEST_TIME_BUCKETS) for phase, (name, doc) in REQUEST_TIMES.items()
         }

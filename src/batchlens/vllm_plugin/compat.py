@@ -1,86 +1,156 @@
-"""Which vLLM versions and internals the plugin knows. Refusing is safe; guessing is not.
+"""What this vLLM offers the plugin, found by feature, not by version. Refusing is safe; guessing is not.
 
-The plugin reaches into the scheduler, which is not a public API: a release
-that renames ``max_num_active_reqs`` or stops reading it at admission would
-make a PUT silently do nothing. So the plugin installs itself only where both
-the version and the code it relies on are as it expects.
+The plugin reaches into the scheduler, which is not a public API. Two shapes of
+it are known to cap admission safely (see docs/compatibility.md for the proof
+on each release):
+
+- ``max_num_active_reqs`` (vLLM 0.32 and later): vLLM's own admission limit,
+  separate from the runner's slot count. The plugin sets it.
+- ``running_cap`` (vLLM 0.10 to 0.31): the scheduler admits while the running
+  batch is below ``max_num_running_reqs``, and nothing but ``schedule()`` reads
+  that value. The plugin lowers it for the span of each ``schedule()`` call
+  (admission.py), never below what already runs, so the end-of-step assert
+  holds, nothing is preempted and the runner's buffers keep their startup size.
+
+Any other shape is refused, with a reason that names what is missing. The
+check reads the names each method's code uses, from the loaded class or, for a
+release that cannot run here, from its source (:meth:`SchedulerShape.of_source`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import ast
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import CodeType
 
-SUPPORTED_VERSIONS = ("0.32",)  # major.minor series the plugin was tested against
+ACTIVE_REQS = "max_num_active_reqs"
+RUNNING_CAP = "running_cap"
+ENDPOINT_PLUGIN = "endpoint plugin"
+MIDDLEWARE = "--middleware"
+# What a user adds to `vllm serve` where vLLM has no endpoint plugins (before 0.32).
+MIDDLEWARE_PATH = "batchlens.vllm_plugin.middleware.AdminMiddleware"
+
+SLOTS = "max_num_running_reqs"  # the runner's slot count, set once from --max-num-seqs
+ADMISSION_METHOD = "schedule"
 
 
-def version_supported(version: str) -> bool:
-    parts = version.split(".")
-    return len(parts) >= 2 and ".".join(parts[:2]) in SUPPORTED_VERSIONS
-
-
-def _names(code: CodeType) -> set[str]:
+def _names(code: CodeType) -> frozenset[str]:
     """Every attribute or global name a function's code uses, nested functions included."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, CodeType):
             names |= _names(const)
-    return names
+    return frozenset(names)
 
 
-def missing_internals(scheduler_cls: type, engine_core_cls: type) -> list[str]:
-    """What the plugin relies on that these classes lack; empty when all is there."""
-    wanted: Iterable[tuple[str, object, str]] = (
-        (
-            "Scheduler.__init__ sets max_num_active_reqs",
-            getattr(scheduler_cls, "__init__", None),
-            "max_num_active_reqs",
-        ),
-        (
-            "Scheduler.__init__ sets max_num_running_reqs",
-            getattr(scheduler_cls, "__init__", None),
-            "max_num_running_reqs",
-        ),
-        (
-            "Scheduler.schedule admits by max_num_active_reqs",
-            getattr(scheduler_cls, "schedule", None),
-            "max_num_active_reqs",
-        ),
-        ("Scheduler.get_request_counts", scheduler_cls, "get_request_counts"),
-        ("EngineCore.__init__ sets scheduler", getattr(engine_core_cls, "__init__", None), "scheduler"),
-    )
-    missing = []
-    for what, owner, name in wanted:
-        if isinstance(owner, type):
-            present = hasattr(owner, name)
-        else:
-            code = getattr(owner, "__code__", None)
-            present = code is not None and name in _names(code)
-        if not present:
-            missing.append(what)
-    return missing
+@dataclass(frozen=True)
+class SchedulerShape:
+    """The names each method of a scheduler class uses: all the check needs to know of it."""
+
+    methods: Mapping[str, frozenset[str]]
+
+    @classmethod
+    def of_class(cls, scheduler_cls: type) -> SchedulerShape:
+        methods: dict[str, frozenset[str]] = {}
+        for owner in reversed(scheduler_cls.__mro__[:-1]):  # a subclass's method replaces its base's
+            for name, attr in vars(owner).items():
+                function = attr.fget if isinstance(attr, property) else inspect.unwrap(attr) if callable(attr) else None
+                code = getattr(function, "__code__", None)
+                if code is not None:
+                    methods[name] = _names(code)
+                else:
+                    methods.pop(name, None)  # a subclass that sets a method's name to something else has none
+        return cls(methods)
+
+    @classmethod
+    def of_source(cls, source: str, class_name: str = "Scheduler") -> SchedulerShape:
+        """The same view from a release's source: for a vLLM that cannot be imported here."""
+        tree = ast.parse(source)
+        found = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
+        if not found:
+            raise ValueError(f"no class {class_name} in this source")
+        methods: dict[str, frozenset[str]] = {}
+        for node in found[0].body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                used = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                used |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                methods[node.name] = frozenset(used)
+        return cls(methods)
+
+    def uses(self, method: str, name: str) -> bool:
+        return name in self.methods.get(method, frozenset())
 
 
-def refusal(version: str, scheduler_cls: type, engine_core_cls: type) -> str | None:
-    """Why the plugin must not install itself on this vLLM, or None when it may."""
-    supported = ", ".join(f"{v}.x" for v in SUPPORTED_VERSIONS)
-    if not version_supported(version):
-        return f"vLLM {version} is not supported (supported: {supported})"
-    missing = missing_internals(scheduler_cls, engine_core_cls)
-    if missing:
-        return f"vLLM {version} lacks what the plugin relies on: {'; '.join(missing)} (supported: {supported})"
+@dataclass(frozen=True)
+class Admission:
+    """How the plugin can cap admission on a scheduler: a mechanism, or why there is none."""
+
+    mechanism: str | None
+    refusal: str | None = None
+
+
+def admission(shape: SchedulerShape) -> Admission:
+    """The safe mechanism this scheduler shape offers, preferring vLLM's own admission limit."""
+    if "get_request_counts" not in shape.methods:
+        return Admission(None, "Scheduler has no get_request_counts()")
+    if not (shape.uses("__init__", SLOTS) and shape.uses(ADMISSION_METHOD, SLOTS)):
+        return Admission(None, f"Scheduler.__init__ and Scheduler.schedule() do not both use {SLOTS}")
+    if shape.uses("__init__", ACTIVE_REQS) and shape.uses(ADMISSION_METHOD, ACTIVE_REQS):
+        return Admission(ACTIVE_REQS)
+    # Lowering the slot count during schedule() is invisible elsewhere only if nothing else reads it.
+    readers = sorted(m for m, names in shape.methods.items() if SLOTS in names and m not in ("__init__", "schedule"))
+    if readers:
+        return Admission(
+            None,
+            f"Scheduler has no {ACTIVE_REQS}, and {SLOTS} is also read by "
+            f"{', '.join(f'Scheduler.{m}' for m in readers)}, so it cannot be lowered for admission alone",
+        )
+    return Admission(RUNNING_CAP)
+
+
+def engine_core_refusal(engine_core_cls: type) -> str | None:
+    """Why the utility methods cannot reach the scheduler through this EngineCore, or None."""
+    init = getattr(engine_core_cls, "__init__", None)
+    code = getattr(init, "__code__", None)
+    if code is None or "scheduler" not in _names(code):
+        return "EngineCore.__init__ does not set a scheduler"
     return None
 
 
-def check_installed_vllm() -> tuple[str, str | None]:
-    """The running vLLM's version, and why the plugin must not install itself on it (None: it may)."""
+@dataclass(frozen=True)
+class Support:
+    """What the plugin can do on the vLLM installed here, and how."""
+
+    vllm_version: str
+    mechanism: str | None  # ACTIVE_REQS or RUNNING_CAP; None: refused
+    api_route: str  # ENDPOINT_PLUGIN or MIDDLEWARE
+    refusal: str | None
+
+
+def has_endpoint_plugins() -> bool:
+    try:
+        from vllm.plugins.endpoint_plugins import interface  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_installed_vllm() -> Support:
+    """The running vLLM's version, the admission mechanism and API route it offers, or why it is refused."""
     try:
         from vllm import __version__ as version
     except ImportError:
-        return "unknown", "vLLM is not importable here"
+        return Support("unknown", None, MIDDLEWARE, "vLLM is not importable here")
+    route = ENDPOINT_PLUGIN if has_endpoint_plugins() else MIDDLEWARE
     try:
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.engine.core import EngineCore
     except ImportError as exc:
-        return version, f"vLLM {version} has no {exc.name or 'scheduler or engine core module'}"
-    return version, refusal(version, Scheduler, EngineCore)
+        return Support(version, None, route, f"vLLM {version} has no {exc.name or 'scheduler or engine core module'}")
+    found = admission(SchedulerShape.of_class(Scheduler))
+    refusal = found.refusal or engine_core_refusal(EngineCore)
+    if refusal is not None:
+        return Support(version, None, route, f"vLLM {version}: {refusal}")
+    return Support(version, found.mechanism, route, None)

@@ -3,6 +3,10 @@
 Every route needs the token from ``BATCHLENS_ADMIN_TOKEN`` (the contract's
 401/503), reads or changes every engine core behind the server (data
 parallelism) and answers in the contract's shapes (batchlens.admin_api).
+On a vLLM the plugin refuses (compat.py), every route answers 501 with the
+reason. vLLM 0.32 and later serve the routes through an endpoint plugin
+(:class:`BatchlensEndpoint`); older releases through ``--middleware``
+(middleware.py).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from batchlens.admin_api import (
 )
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
-from batchlens.vllm_plugin.compat import check_installed_vllm
+from batchlens.vllm_plugin.compat import Support, check_installed_vllm
 from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
 
 log = logging.getLogger("vllm.batchlens")
@@ -43,10 +47,10 @@ STATE_KEY = "batchlens_admin"
 class AdminService:
     """The engine client, the token, and a lock that applies changes one at a time."""
 
-    def __init__(self, engine_client: Any, token: str | None, vllm_version: str):
+    def __init__(self, engine_client: Any, token: str | None, support: Support):
         self.token = token
         self._client = engine_client
-        self._vllm_version = vllm_version
+        self._support = support
         # Without it, two PUTs could reach the engines of a data-parallel server in
         # different orders and leave them with different limits.
         self._lock = asyncio.Lock()
@@ -88,7 +92,43 @@ class AdminService:
     async def info(self) -> AdminInfo:
         engines = await self._all(INFO_UTILITY)
         first = engines[0]
-        return AdminInfo(vllm_version=self._vllm_version, batchlens_version=__version__, engines=len(engines), **first)
+        return AdminInfo(
+            vllm_version=self._support.vllm_version,
+            batchlens_version=__version__,
+            engines=len(engines),
+            api_route=self._support.api_route,
+            **first,
+        )
+
+
+class Refused:
+    """The admin state on a vLLM the plugin does not know: every route says why, and changes nothing."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
+    """What the routes serve, logged once when the server starts."""
+    if support.refusal is not None:
+        return Refused(support.refusal)
+    token = os.environ.get(TOKEN_ENV) or None
+    if token:
+        log.info(
+            "batchlens: admin API on %s and %s (token from %s; admission by %s, served by vLLM's %s)",
+            BATCH_PATH, INFO_PATH, TOKEN_ENV, support.mechanism, support.api_route,
+        )  # fmt: skip
+    else:
+        log.warning("batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV)
+    return AdminService(engine_client, token, support)
+
+
+def log_refusal(support: Support) -> None:
+    if support.refusal is not None:
+        log.warning(
+            "batchlens: admin API not installed: %s. vLLM runs as usual, without it; %s answers 501 with this reason.",
+            support.refusal, INFO_PATH,
+        )  # fmt: skip
 
 
 Handler = Callable[[AdminService, Request], Awaitable[BaseModel]]
@@ -98,10 +138,12 @@ def _route(handler: Handler) -> Callable[[Request], Awaitable[JSONResponse]]:
     """Token first (401/503), then the handler; an AdminError becomes its status and message."""
 
     async def route(request: Request) -> JSONResponse:
-        service: AdminService | None = getattr(request.app.state, STATE_KEY, None)
+        service: AdminService | Refused | None = getattr(request.app.state, STATE_KEY, None)
         try:
             if service is None:
                 raise AdminError(503, "the batchlens admin API is not initialised yet")
+            if isinstance(service, Refused):
+                raise AdminError(501, f"the batchlens plugin refused this vLLM: {service.reason}")
             check_token(request.headers.get("authorization"), service.token)
             reply = await handler(service, request)
         except AdminError as exc:
@@ -124,33 +166,26 @@ async def _get_info(service: AdminService, _request: Request) -> BaseModel:
     return await service.info()
 
 
+def attach_routes(app: FastAPI) -> None:
+    app.add_api_route(BATCH_PATH, _route(_get_batch), methods=["GET"], include_in_schema=False)
+    app.add_api_route(BATCH_PATH, _route(_put_batch), methods=["PUT"], include_in_schema=False)
+    app.add_api_route(INFO_PATH, _route(_get_info), methods=["GET"], include_in_schema=False)
+
+
 class BatchlensEndpoint:
-    """vLLM's EndpointPlugin protocol (vllm/plugins/endpoint_plugins/interface.py)."""
+    """vLLM's EndpointPlugin protocol (vllm/plugins/endpoint_plugins/interface.py), vLLM 0.32 and later."""
 
     name = "batchlens"
     required_tasks = None  # any server with an engine; a render-only server gets 503s
 
     def __init__(self) -> None:
-        self.vllm_version, self.refusal = check_installed_vllm()
+        self.support = check_installed_vllm()
 
     def attach_router(self, app: FastAPI) -> None:
-        if self.refusal is not None:
-            log.warning("batchlens: admin API not installed: %s. vLLM runs as usual, without it.", self.refusal)
-            return
-        app.add_api_route(BATCH_PATH, _route(_get_batch), methods=["GET"], include_in_schema=False)
-        app.add_api_route(BATCH_PATH, _route(_put_batch), methods=["PUT"], include_in_schema=False)
-        app.add_api_route(INFO_PATH, _route(_get_info), methods=["GET"], include_in_schema=False)
+        log_refusal(self.support)
+        attach_routes(app)
         # Arrivals feed `batchlens advise` (inter-arrival times, streaming share): see batchlens.arrivals.
         app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics())
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        if self.refusal is not None:
-            return
-        token = os.environ.get(TOKEN_ENV) or None
-        setattr(state, STATE_KEY, AdminService(engine_client, token, self.vllm_version))
-        if token:
-            log.info("batchlens: admin API on %s and %s (token from %s)", BATCH_PATH, INFO_PATH, TOKEN_ENV)
-        else:
-            log.warning(
-                "batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV
-            )
+        setattr(state, STATE_KEY, admin_state(engine_client, self.support))

@@ -1,0 +1,81 @@
+"""Write the matrix table of docs/compatibility.md from the rows `make vllm-matrix` measured.
+
+    python scripts/compatibility.py          # rewrite the table between the markers
+    python scripts/compatibility.py --check  # exit 1 when the table is not what the rows say
+
+Each row is tests/data/releases/<release>.json, written by tests/test_vllm_matrix.py. The prose around the
+table is written by hand; only the part between the markers is generated.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "tests" / "data" / "releases"
+DOC = ROOT / "docs" / "compatibility.md"
+START, END = "<!-- matrix:start (scripts/compatibility.py) -->", "<!-- matrix:end -->"
+
+
+def _version(row: dict) -> list[int]:
+    return [int(n) for n in row["release"].split(".")]
+
+
+def _yes(flag: bool | None) -> str:
+    return "yes" if flag else "**no**"
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| vLLM | checked on | admission | admin API route | PUT under load (limit 4, 12 requests) "
+        "| preempted | exporter pass-through | rules with data | alerts with data |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for row in sorted(rows, key=_version):
+        static = row["static"]
+        if "info" not in row:  # no CPU build: the internals check on the wheel's source only
+            route = "endpoint plugin" if static["endpoint_plugins"] else "`--middleware`"
+            mechanism = f"`{static['mechanism']}`" if static["mechanism"] else f"refused: {static['refusal']}"
+            lines.append(f"| {row['release']} | {row['run']} | {mechanism} | {route} | n/a | n/a | n/a | n/a | n/a |")
+            continue
+        cover = row["coverage"]
+        rules = f"{cover['rules'] - len(cover['empty_rules'])}/{cover['rules']}"
+        alerts = f"{cover['alerts'] - len(cover['empty_alerts'])}/{cover['alerts']}"
+        put = (
+            f"{_yes(row['put_took_effect'])}: running {row['running_before_put']:.0f} → "
+            f"at most {row['running_after_put_max']:.0f}, {row['waiting_after_put_max']:.0f} waiting"
+        )
+        passthrough = f"{_yes(row['passthrough_equal'])}, {row['samples']} samples equal"
+        route = "endpoint plugin" if row["api_route"] == "endpoint plugin" else "`--middleware`"
+        lines.append(
+            f"| {row['release']} | {row['run']} | `{row['mechanism']}` | {route} | {put} | {row['preemptions']:.0f} "
+            f"| {passthrough} | {rules} | {alerts} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def rendered(doc: str, rows: list[dict]) -> str:
+    before, rest = doc.split(START, 1)
+    _, after = rest.split(END, 1)
+    return f"{before}{START}\n{table(rows)}{END}{after}"
+
+
+def main(argv: list[str]) -> int:
+    rows = [json.loads(p.read_text()) for p in sorted(ROWS.glob("*.json"))]
+    doc = DOC.read_text()
+    new = rendered(doc, rows)
+    if argv == ["--check"]:
+        if new != doc:
+            print(f"{DOC.relative_to(ROOT)} is stale: run `python scripts/compatibility.py`", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(new)
+    print(f"wrote the table of {len(rows)} releases into {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,63 @@
+"""Which generated rules have data in a running Prometheus, for one vLLM instance: no dead queries per release."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from harness.prometheus import PrometheusServer
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "alerts" / "batchlens.rules.yml"
+ALERTS = ROOT / "alerts" / "batchlens.alerts.yml"
+# Alert inputs no CPU server can give: NVML's GPU series, and the remediation hook's own breaker state.
+NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation")
+# Recording rules (level:metric:operation), and raw batchlens_* or vllm:* series.
+SERIES_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|batchlens_[a-z_]+|vllm:[a-z_]+")
+
+
+def recording_rules() -> list[str]:
+    return [r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def alert_inputs() -> dict[str, set[str]]:
+    """Each alert's series names (recording rules or raw series) as its expression uses them."""
+    inputs = {}
+    for group in yaml.safe_load(ALERTS.read_text())["groups"]:
+        for rule in group["rules"]:
+            inputs[rule["alert"]] = set(SERIES_NAME.findall(rule["expr"]))
+    return inputs
+
+
+@dataclass
+class Coverage:
+    rules: int  # recording rules over vLLM's series
+    empty_rules: list[str]
+    alerts: int  # alerts over vLLM's series
+    empty_alerts: dict[str, list[str]]  # alert -> its inputs without data
+    other_rules: list[str]  # fed by NVML, which no CPU server has
+    other_alerts: list[str]  # fed by NVML or the remediation hook
+
+
+def coverage(prometheus: PrometheusServer, instance: str, *, wait: float = 30) -> Coverage:
+    """Ask until every rule has data for ``instance`` or ``wait`` seconds pass (rates need two samples)."""
+    selector = f'{{vllm_instance="{instance}"}}'
+    other_rules = [name for name in recording_rules() if NEEDS_OTHER_SOURCES.search(name)]
+    rules = [name for name in recording_rules() if name not in other_rules]
+    inputs = alert_inputs()
+    other = sorted(a for a, names in inputs.items() if any(NEEDS_OTHER_SOURCES.search(n) for n in names))
+    deadline = time.monotonic() + wait
+    while True:
+        empty = [name for name in rules if not prometheus.query(name + selector)]
+        empty_alerts = {
+            alert: missing
+            for alert, names in inputs.items()
+            if alert not in other and (missing := sorted(n for n in names if not prometheus.query(n + selector)))
+        }
+        if (not empty and not empty_alerts) or time.monotonic() > deadline:
+            return Coverage(len(rules), empty, len(inputs) - len(other), empty_alerts, other_rules, other)
+        time.sleep(1)
