@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
+from batchlens.admin_api import INFO_PATH
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
 from harness.exporter import BATCHLENS, ExporterProcess, one, parse_samples, pick
 from harness.procs import http_get
@@ -104,6 +105,22 @@ def test_without_a_token_the_admin_api_is_closed(tmp_path) -> None:
         check_disabled_without_token(AdminClient(sim.url, None))
     finally:
         sim.stop()
+
+
+def test_an_older_releases_dialect_is_served_and_an_unsupported_release_refused(tmp_path) -> None:
+    sim = SimulatorProcess(tmp_path, args=("--vllm-version", "0.10.2"))
+    try:
+        status, body = http_get(sim.url + "/metrics")
+        assert status == 200
+        names = {name for name, _ in parse_samples(body.decode())}
+        assert {"vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total"} <= names
+        assert "vllm:time_per_output_token_seconds_count" in names
+        assert json.loads(http_get(sim.url + "/version")[1])["version"] == "0.10.2"
+        assert AdminClient(sim.url, sim.token).request("GET", INFO_PATH)[1]["vllm_version"] == "0.10.2"
+    finally:
+        sim.stop()
+    refused = subprocess.run([BATCHLENS, "simulate", "--vllm-version", "0.9.2"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "vLLM 0.9.2 is outside the releases batchlens supports" in refused.stderr
 
 
 def test_a_lowered_limit_holds_the_running_batch(sim: SimulatorProcess) -> None:

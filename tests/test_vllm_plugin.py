@@ -184,6 +184,12 @@ GUARD = textwrap.dedent(
     plugin.attach_router(app)
     routes = sorted(r.path for r in app.routes if "batchlens" in getattr(r, "path", ""))
     print("RESULT", hasattr(EngineCore, "batchlens_batch"), plugin.support.mechanism, routes)
+    if plugin.support.refusal:  # refused: the routes say why, to anyone, and change nothing
+        import asyncio
+        from starlette.testclient import TestClient
+        asyncio.run(plugin.init_state(None, app.state, None))
+        reply = TestClient(app).put("/batchlens/v1/batch", json={"max_num_active_seqs": 4})
+        print("REFUSED", reply.status_code, reply.json()["error"])
     """
 )
 
@@ -214,5 +220,66 @@ def test_the_plugin_picks_the_mechanism_the_scheduler_offers_or_refuses(vllm_plu
     refusals = [line for line in output if "batchlens: admin API not installed" in line]
     if said:
         assert len(refusals) == 1 and said in refusals[0], output[-20:]
+        answer = next(line for line in done.stdout.splitlines() if line.startswith("REFUSED"))
+        assert answer.startswith("REFUSED 501 the batchlens plugin refused this vLLM: ") and said[:-1] in answer, answer
     else:
         assert refusals == []
+
+
+MIDDLEWARE = textwrap.dedent(
+    """
+    import asyncio, os
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from batchlens.vllm_plugin.middleware import AdminMiddleware
+
+    class EngineCoreClient:  # the engine process: the only fake here (the matrix runs the real one)
+        def __init__(self):
+            self.limit, self.calls = 32, []
+        async def call_utility_async(self, method, *args):
+            self.calls.append((method, args))
+            if args:
+                self.limit = args[0]
+            if method == "batchlens_info":
+                return {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "block_size": 16,
+                        "num_gpu_blocks": 100, "admission": "running_cap"}
+            return {"engine": 0, "max_num_seqs": 32, "max_num_active_seqs": self.limit, "num_running": 3,
+                    "num_waiting": 0}
+
+    class EngineClient:
+        engine_core = EngineCoreClient()
+
+    app = FastAPI()  # vLLM's app: one route, and the engine client on its state after startup
+    @app.post("/v1/completions")
+    async def completions():
+        return {"served": "by vLLM"}
+    app.add_middleware(AdminMiddleware)  # what vLLM does with --middleware
+    client = TestClient(app)
+    auth = {"Authorization": "Bearer " + os.environ["BATCHLENS_ADMIN_TOKEN"]}
+    print("BEFORE", client.get("/batchlens/v1/batch", headers=auth).status_code)
+    app.state.engine_client = EngineClient()
+    print("NOAUTH", client.get("/batchlens/v1/batch").status_code)
+    print("PUT", client.put("/batchlens/v1/batch", headers=auth, json={"max_num_active_seqs": 4}).json())
+    print("INFO", client.get("/batchlens/v1/info", headers=auth).json())
+    print("VLLM", client.post("/v1/completions", json={}).json())
+    print("CALLS", EngineClient.engine_core.calls)
+    """
+)
+
+
+def test_the_middleware_serves_the_admin_api_where_vllm_has_no_endpoint_plugins(vllm_plugin_env) -> None:
+    """What vLLM 0.10-0.31 run through ``--middleware``, on this environment's FastAPI and Starlette.
+
+    The engine core is faked: it is the same utility call as the endpoint plugin's, and the matrix runs both
+    halves on real 0.10.2, 0.11.2 and 0.25.1 servers (docs/compatibility.md).
+    """
+    env = {**os.environ, **vllm_plugin_env, TOKEN_ENV: "tok"}
+    done = subprocess.run([str(vllm_python()), "-c", MIDDLEWARE], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert out["BEFORE"] == "503"  # no engine client before vLLM has started
+    assert out["NOAUTH"] == "401"
+    assert "'max_num_active_seqs': 4" in out["PUT"] and "'num_running': 3" in out["PUT"]
+    assert "'api_route': '--middleware'" in out["INFO"] and "'admission': 'running_cap'" in out["INFO"]
+    assert out["VLLM"] == "{'served': 'by vLLM'}"  # every other request is vLLM's
+    assert out["CALLS"].count("batchlens_batch") == 2 and "('batchlens_batch', (4,))" in out["CALLS"]

@@ -15,7 +15,11 @@ from batchlens.admin_api import BATCH_PATH, BatchState, bearer
 HINTS = {
     401: " (is the engine's admin_token_env set to the server's BATCHLENS_ADMIN_TOKEN?)",
     503: " (the server has no BATCHLENS_ADMIN_TOKEN configured)",
-    404: " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens?)",
+    404: (
+        " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens? Before vLLM 0.32 also "
+        "--middleware batchlens.vllm_plugin.middleware.AdminMiddleware, docs/compatibility.md)"
+    ),
+    501: " (the plugin refused this vLLM release; the message says why, docs/compatibility.md)",
 }
 
 

@@ -12,6 +12,7 @@ first request can come.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -19,14 +20,14 @@ from fastapi import FastAPI
 from batchlens.admin_api import API_PREFIX
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
-from batchlens.vllm_plugin.compat import check_installed_vllm
+from batchlens.vllm_plugin.compat import MIDDLEWARE, check_installed_vllm
 from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_state, attach_routes, log_refusal
 
 
 class AdminMiddleware:
     def __init__(self, app: Any):
         self.app = ArrivalMiddleware(app, arrivals=arrival_metrics())
-        self.support = check_installed_vllm()
+        self.support = replace(check_installed_vllm(), api_route=MIDDLEWARE)  # whatever else this vLLM offers
         log_refusal(self.support)
         self.admin = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
         attach_routes(self.admin)
