@@ -6,11 +6,14 @@ loads both (once set, VLLM_PLUGINS is an allowlist for every plugin group):
 - ``vllm.general_plugins`` -> :func:`register`: loaded in every vLLM process;
   in the EngineCore it adds the utility methods that read and set the
   scheduler's admission limit (engine_side.py).
-- ``vllm.endpoint_plugins`` -> :func:`endpoint`: loaded in the API server; it
-  serves ``/batchlens/v1/*`` over those methods (endpoint.py).
+- ``vllm.endpoint_plugins`` -> :func:`endpoint`: loaded in the API server of
+  vLLM 0.32 and later; it serves ``/batchlens/v1/*`` over those methods
+  (endpoint.py). Older releases have no endpoint plugins: there vLLM's
+  ``--middleware`` option loads middleware.py, which serves the same routes.
 
-Both check the vLLM version and internals first (compat.py) and step aside,
-logging why, when they do not match. Neither can break vLLM's startup.
+Both look at this vLLM's code first (compat.py) to pick how to cap admission
+(admission.py), and step aside, logging why, when they find no shape they know.
+Neither can break vLLM's startup.
 """
 
 from __future__ import annotations
