@@ -87,6 +87,11 @@ class EngineCore:
         self.scheduler = Scheduler032(8)
 
 
+class EngineCoreClient:
+    async def call_utility_async(self, method: str, *args: object) -> object:
+        return method, args
+
+
 def shape(cls: type) -> SchedulerShape:
     return SchedulerShape.of_class(cls)
 
@@ -94,7 +99,7 @@ def shape(cls: type) -> SchedulerShape:
 def test_each_known_shape_gets_its_mechanism() -> None:
     assert admission(shape(Scheduler032)).mechanism == ACTIVE_REQS
     assert admission(shape(Scheduler010)).mechanism == RUNNING_CAP
-    assert engine_core_refusal(EngineCore) is None
+    assert engine_core_refusal(EngineCore, [EngineCoreClient]) is None
 
 
 @pytest.mark.parametrize(
@@ -114,8 +119,10 @@ def test_an_unknown_shape_is_refused_with_what_it_lacks(cls: type, said: str) ->
     assert found.mechanism is None and found.refusal == said
 
 
-def test_an_engine_core_without_a_scheduler_is_refused() -> None:
-    assert engine_core_refusal(type("EngineCore", (), {"__init__": lambda self: None})) is not None
+def test_an_engine_core_without_a_scheduler_or_a_utility_call_is_refused() -> None:
+    bare = type("EngineCore", (), {"__init__": lambda self: None})
+    assert engine_core_refusal(bare, [EngineCoreClient]) == "EngineCore.__init__ does not set a scheduler"
+    assert engine_core_refusal(EngineCore, [EngineCore]) == "no engine-core client has call_utility_async()"
 
 
 def test_the_source_and_the_loaded_class_give_the_same_shape() -> None:

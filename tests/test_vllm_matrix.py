@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from batchlens.admin_api import INFO_PATH, TOKEN_ENV
-from batchlens.vllm_plugin.compat import MIDDLEWARE, MIDDLEWARE_PATH, SchedulerShape, admission
+from batchlens.vllm_plugin.compat import MIDDLEWARE, MIDDLEWARE_PATH, UTILITY_CALL, SchedulerShape, admission
 from harness.admin import AdminClient
 from harness.exporter import ExporterProcess, compare, one, parse_samples, pick
 from harness.prometheus import PrometheusServer
@@ -162,12 +162,14 @@ def static_check(wheel: Path) -> dict:
 
         found = admission(SchedulerShape.of_source(source("vllm/v1/core/sched/scheduler.py")))
         core = SchedulerShape.of_source(source("vllm/v1/engine/core.py"), "EngineCore")
+        utility_call = f"async def {UTILITY_CALL}(" in source("vllm/v1/engine/core_client.py")
         interface = "vllm/plugins/endpoint_plugins/interface.py"
         hooks = source(interface) if interface in names else ""
     return {
         "mechanism": found.mechanism,
         "refusal": found.refusal,
         "engine_core_sets_scheduler": core.uses("__init__", "scheduler"),
+        "utility_call": utility_call,
         "endpoint_plugins": "def attach_router" in hooks and "async def init_state" in hooks,
     }
 
@@ -179,4 +181,4 @@ def test_release_without_a_cpu_build_statically(version: str) -> None:
     row = {"release": version, "run": "static check of the wheel's source", "static": static}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{version}.json").write_text(json.dumps(row, indent=1, sort_keys=True) + "\n")
-    assert static["mechanism"] and static["engine_core_sets_scheduler"], static
+    assert static["mechanism"] and static["engine_core_sets_scheduler"] and static["utility_call"], static

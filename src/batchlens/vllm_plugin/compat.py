@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import CodeType
 
@@ -110,12 +110,17 @@ def admission(shape: SchedulerShape) -> Admission:
     return Admission(RUNNING_CAP)
 
 
-def engine_core_refusal(engine_core_cls: type) -> str | None:
-    """Why the utility methods cannot reach the scheduler through this EngineCore, or None."""
+UTILITY_CALL = "call_utility_async"  # how the API server runs a method in the engine-core process
+
+
+def engine_core_refusal(engine_core_cls: type, client_classes: Iterable[type]) -> str | None:
+    """Why the utility methods cannot reach the scheduler through this EngineCore and its clients, or None."""
     init = getattr(engine_core_cls, "__init__", None)
     code = getattr(init, "__code__", None)
     if code is None or "scheduler" not in _names(code):
         return "EngineCore.__init__ does not set a scheduler"
+    if not any(hasattr(cls, UTILITY_CALL) for cls in client_classes):
+        return f"no engine-core client has {UTILITY_CALL}()"
     return None
 
 
@@ -146,11 +151,13 @@ def check_installed_vllm() -> Support:
     route = ENDPOINT_PLUGIN if has_endpoint_plugins() else MIDDLEWARE
     try:
         from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.engine import core_client
         from vllm.v1.engine.core import EngineCore
     except ImportError as exc:
         return Support(version, None, route, f"vLLM {version} has no {exc.name or 'scheduler or engine core module'}")
     found = admission(SchedulerShape.of_class(Scheduler))
-    refusal = found.refusal or engine_core_refusal(EngineCore)
+    clients = [c for c in vars(core_client).values() if isinstance(c, type)]
+    refusal = found.refusal or engine_core_refusal(EngineCore, clients)
     if refusal is not None:
         return Support(version, None, route, f"vLLM {version}: {refusal}")
     return Support(version, found.mechanism, route, None)
