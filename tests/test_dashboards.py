@@ -56,6 +56,17 @@ def test_panels_have_unique_ids_a_datasource_and_queries(name: str) -> None:
         assert all(t["expr"].strip() for t in panel["targets"]), panel["title"]
 
 
+def test_every_raw_vllm_series_a_panel_reads_exists_on_every_release(release_capture: Path) -> None:
+    """Panels read recording rules (covered per release in test_rules_e2e) and a few raw vLLM series: each
+    query must name at least one series the release exposes (a renamed one is read under both names)."""
+    exposed = set(re.findall(r"^(vllm:[a-z_0-9]+)", release_capture.read_text(), re.M))
+    for name, board in BOARDS.items():
+        for panel in walk_panels(board):
+            for target in panel.get("targets", []):
+                read = set(re.findall(r"vllm:[a-z_0-9]+", target["expr"]))
+                assert not read or read & exposed, (name, panel["title"], sorted(read))
+
+
 @pytest.mark.parametrize("name", sorted(BOARDS))
 def test_panels_tile_the_grid_without_overlap(name: str) -> None:
     cells = set()

@@ -17,7 +17,7 @@ ALERTS = ROOT / "alerts" / "batchlens.alerts.yml"
 # Alert inputs no CPU server can give: NVML's GPU series, and the remediation hook's own breaker state.
 NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation")
 # Recording rules (level:metric:operation), and raw batchlens_* or vllm:* series.
-SERIES_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|batchlens_[a-z_]+|vllm:[a-z_]+")
+SERIES_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|batchlens_[a-z_0-9]+|vllm:[a-z_0-9]+")
 
 
 def recording_rules() -> list[str]:
