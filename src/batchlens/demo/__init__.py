@@ -31,6 +31,7 @@ import yaml
 
 from batchlens.artifacts import build
 from batchlens.config import Config
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION
 from batchlens.stack import SERVICES, alertmanager_config, native, template
 
 log = logging.getLogger("batchlens.demo")
@@ -66,12 +67,14 @@ def secret(path: Path) -> str:
 
 class Demo:
     def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 2.5,
-                 max_num_seqs: int = 64, steer: bool = True, config: Config | None = None):  # fmt: skip
+                 max_num_seqs: int = 64, steer: bool = True, vllm_version: str = DEFAULT_VLLM_VERSION,
+                 config: Config | None = None):  # fmt: skip
         self.run = run_dir.resolve()
         self.stack = self.run / "stack"  # alerts/, dashboards/, provisioning/ as `batchlens build` writes them
         self.config = config or Config()  # its thresholds shape the rules and dashboards
         self.offset, self.speed, self.rate, self.max_num_seqs = offset, speed, rate, max_num_seqs
         self.steer = steer  # run the controller (else the breaker alone acts, as before stage 3)
+        self.vllm_version = vllm_version  # the metric dialect the simulator speaks
         self.address = native(offset)
         self.services: list[Service] = []
         self.missing: dict[str, str] = {}
@@ -98,7 +101,8 @@ class Demo:
         }, sort_keys=False))  # fmt: skip
         services = [
             Service("simulate", [*BATCHLENS, "simulate", "--listen", self.address("simulate"), "--speed",
-                                 str(self.speed), "--max-num-seqs", str(self.max_num_seqs)],
+                                 str(self.speed), "--max-num-seqs", str(self.max_num_seqs),
+                                 "--vllm-version", self.vllm_version],
                     self.url("simulate") + "/health", {"BATCHLENS_ADMIN_TOKEN": admin}),
             Service("exporter", [*BATCHLENS, "exporter", "--config", str(config)], self.url("exporter") + "/healthz",
                     tokens),

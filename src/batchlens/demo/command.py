@@ -6,6 +6,7 @@ import click
 
 from batchlens.clikit import load as load_or_fail
 from batchlens.clikit import writable_folder
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, dialect
 
 
 @click.command()
@@ -25,7 +26,12 @@ from batchlens.clikit import writable_folder
     show_default=True,
     help="Run the adaptive controller in the hook; --no-steer leaves the breaker alone, to compare.",
 )
-def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs: int, steer: bool) -> None:
+@click.option("--vllm-version", default=DEFAULT_VLLM_VERSION, show_default=True,
+              help="The vLLM release whose metric names the simulator speaks (0.10 to 0.33; 0.10 and 0.11 add "
+                   "the deprecated ones), to see the stack on an older release's series.")  # fmt: skip
+def demo(
+    run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs: int, steer: bool, vllm_version: str
+) -> None:
     """Run the whole stack natively, without Docker, until Ctrl-C.
 
     The simulator (a vLLM stand-in with a simulated A100) under bursty load, the
@@ -41,7 +47,11 @@ def demo(run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs
 
     writable_folder(run_dir, "--run-dir")
     try:
+        dialect(vllm_version)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--vllm-version") from None
+    try:
         run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs, steer=steer,
-                 config=load_or_fail(None, {})))  # fmt: skip
+                 vllm_version=vllm_version, config=load_or_fail(None, {})))  # fmt: skip
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
