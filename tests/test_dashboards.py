@@ -25,7 +25,7 @@ from harness.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {path.name: json.loads(path.read_text()) for path in sorted((ROOT / "dashboards").glob("*.json"))}
-VARIABLES = {"datasource", "vllm_instance", "model_name", "gpu"}
+VARIABLES = {"datasource", "cluster", "vllm_instance", "model_name", "gpu"}
 
 
 def version(text: str) -> tuple[int, ...]:
@@ -88,6 +88,22 @@ def test_variables_and_links_are_shared(name: str) -> None:
     assert [link["tags"] for link in board["links"]] == [["batchlens"]] and "batchlens" in board["tags"]
     used = {m for p in walk_panels(board) for t in p["targets"] for m in re.findall(r"\$\{?(\w+)", t["expr"])}
     assert used - {"__rate_interval", "__range", "__interval"} <= VARIABLES, used
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_every_query_keeps_the_cluster_apart(name: str) -> None:
+    """Several clusters in one Prometheus (Thanos, Mimir): no query mixes them, and none needs the label."""
+    board = BOARDS[name]
+    cluster = {v["name"]: v for v in board["templating"]["list"]}["cluster"]
+    assert cluster["includeAll"] and cluster["allValue"] == ".*"  # matches a series without the label
+    exprs = [t["expr"] for p in walk_panels(board) for t in p["targets"]]
+    exprs += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
+    for expr in exprs:
+        if "$vllm_instance" in expr:
+            assert 'cluster=~"$cluster"' in expr, expr
+        for labels in re.findall(r"\bby \(([^)]*)\)", expr):
+            if "vllm_instance" in labels:
+                assert "cluster" in labels.split(", "), expr
 
 
 def test_the_alerts_dashboard_urls_open_a_dashboard_with_those_variables() -> None:

@@ -86,8 +86,8 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
 
         # The overview's panels have data, and the load's breach reaches the hook through Alertmanager.
         overview = json.loads((ROOT / "dashboards" / "batchlens-overview.json").read_text())
-        variables = {"vllm_instance": "demo", "model_name": ".*", "gpu": ".*", "__rate_interval": "15s",
-                     "__range": "60s", "__interval": "5s"}  # fmt: skip
+        variables = {"cluster": ".*", "vllm_instance": "demo", "model_name": ".*", "gpu": ".*",
+                     "__rate_interval": "15s", "__range": "60s", "__interval": "5s"}  # fmt: skip
         while True:
             empty = [p["title"] for p in walk_panels(overview)
                      if not any(panel_results(url["prometheus"], p, variables)[0].values())]  # fmt: skip

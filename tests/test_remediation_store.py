@@ -68,3 +68,18 @@ def test_deliveries_keep_the_breaker_alerts_of_known_engines_and_count_the_rest(
     ]
     assert keep[0].starts_at == 1_800_000_000.0
     assert skipped == {"unknown_instance": 1, "missing_vllm_instance": 1, "other_alert": 1, "truncated": 3}
+
+
+def test_with_a_cluster_set_only_that_clusters_alerts_are_acted_on() -> None:
+    def in_cluster(name: str | None) -> dict:
+        sent = alert("a")
+        if name is not None:
+            sent["labels"]["cluster"] = name
+        return sent
+
+    payload = WebhookPayload.model_validate(notification(in_cluster("east"), in_cluster("west"), in_cluster(None)))
+    alertnames = {"VllmP99LatencyBreaker"}
+    keep, skipped = deliveries(payload, now=1.0, instances={"a"}, alertnames=alertnames, cluster="east")
+    assert len(keep) == 1 and skipped == {"other_cluster": 1, "missing_cluster": 1}
+    keep, skipped = deliveries(payload, now=1.0, instances={"a"}, alertnames=alertnames)  # no cluster: all
+    assert len(keep) == 3 and not skipped

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from batchlens.artifacts import rule_files
-from batchlens.config import Thresholds, load_config
+from batchlens.config import ConfigError, Thresholds, load_config
 from batchlens.rules.recording import le, recording_rules
 from harness.exporter import BATCHLENS
 from harness.prometheus import require_binary
@@ -89,3 +90,24 @@ def test_every_alert_has_its_runbook() -> None:
         text = runbook.read_text()
         for section in ("**What it means.**", "**Look at.**", "**What the hook does", "**What a human does.**"):
             assert section in text, f"{runbook.name} lacks {section}"
+
+
+def test_no_rule_aggregates_the_cluster_away() -> None:
+    """Thanos Ruler and Mimir evaluate these rules over several clusters: each must keep them apart."""
+    config = load_config(None, {}, {})
+    for text in rule_files(config).values():
+        for rule in yaml.safe_load(text)["groups"][0]["rules"]:
+            for labels in re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"]):
+                if "vllm_instance" in labels:
+                    assert "cluster" in labels.split(", "), rule.get("record") or rule["alert"]
+
+
+def test_links_make_the_alert_annotations_absolute() -> None:
+    links = {"grafana_url": "https://grafana.example.com/", "runbook_url": "https://git.example.com/batchlens/runbooks"}
+    alerts = yaml.safe_load(rule_files(load_config(None, {"links": links}, {}))["batchlens.alerts.yml"])
+    for alert in alerts["groups"][0]["rules"]:
+        notes = alert["annotations"]
+        assert notes["runbook_url"] == f"https://git.example.com/batchlens/runbooks/{alert['alert']}.md"
+        assert notes["dashboard_url"].startswith("https://grafana.example.com/d/batchlens-overview/batchlens?")
+    with pytest.raises(ConfigError, match=r"links\.grafana_url"):
+        load_config(None, {"links": {"grafana_url": "grafana:3000"}}, {})

@@ -27,7 +27,9 @@ def rule_files(config: Config) -> dict[str, str]:
         "batchlens.rules.yml": {
             "groups": [{"name": "batchlens.recording", "rules": recording_rules(config.thresholds)}]
         },
-        "batchlens.alerts.yml": {"groups": [{"name": "batchlens.alerts", "rules": alert_rules(config.thresholds)}]},
+        "batchlens.alerts.yml": {
+            "groups": [{"name": "batchlens.alerts", "rules": alert_rules(config.thresholds, config.links)}]
+        },
     }
     return {name: HEADER + yaml.safe_dump(doc, sort_keys=False, width=120) for name, doc in groups.items()}
 

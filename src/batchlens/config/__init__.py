@@ -165,6 +165,7 @@ class Remediate(_Section):
     webhook_token_env: str = "BATCHLENS_WEBHOOK_TOKEN"
     state_path: str = "batchlens-state.sqlite"
     alertmanager_url: str = Field("", description="Alertmanager to page through (API v2); empty: log pages only")
+    cluster: str = Field("", description="act only on alerts whose cluster label is this; empty: on every alert")
 
     @field_validator("alertmanager_url")
     @classmethod
@@ -203,6 +204,18 @@ class Control(_Section):
         return self
 
 
+class Links(_Section):
+    """Where alert annotations point. Alerts leave for Slack and PagerDuty, where a relative link leads nowhere."""
+
+    grafana_url: str = Field("", description="Grafana's base URL for the alerts' dashboard_url; empty: relative")
+    runbook_url: str = Field("", description="base URL of the runbooks (docs/runbooks/ published); empty: relative")
+
+    @field_validator("grafana_url", "runbook_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return http_url(value, "https://grafana.example.com") if value.strip() else ""
+
+
 class Config(_Section):
     engines: list[Engine] = Field(default_factory=list)
     exporter: Exporter = Field(default_factory=Exporter)
@@ -211,6 +224,7 @@ class Config(_Section):
     remediate: Remediate = Field(default_factory=Remediate)
     slo: Slo = Field(default_factory=Slo)
     control: Control = Field(default_factory=Control)
+    links: Links = Field(default_factory=Links)
 
     @model_validator(mode="after")
     def _slo_follows_the_breaker(self) -> Config:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from grafanalib.core import StateTimeline, Table
 
 from batchlens.config import Thresholds
-from batchlens.dashboards.kit import DATASOURCE, dashboard, place, target, timeseries
+from batchlens.dashboards.kit import DATASOURCE, INSTANCE, dashboard, place, target, timeseries
 from batchlens.remediation.states import BREAKER_STATES
 
-INSTANCE = 'vllm_instance=~"$vllm_instance"'
+BY = "cluster, vllm_instance"
 COLORS = {"closed": "green", "recovering": "yellow", "tripped": "orange", "cold_start": "red"}
 
 
@@ -23,7 +23,7 @@ def state_code() -> str:
     parts = [
         f'batchlens_breaker_state{{{INSTANCE}, state="{state}"}} * {code}' for code, state in enumerate(BREAKER_STATES)
     ]
-    return f"max by (vllm_instance) ({' or '.join(parts)})"
+    return f"max by ({BY}) ({' or '.join(parts)})"
 
 
 def breaker(thresholds: Thresholds) -> dict:
@@ -49,7 +49,7 @@ def breaker(thresholds: Thresholds) -> dict:
         dataSource=DATASOURCE,
         targets=[
             target(
-                f'max by (alertname, severity, vllm_instance) (ALERTS{{alertstate="firing", {INSTANCE}}})',
+                f'max by (alertname, severity, cluster, vllm_instance) (ALERTS{{alertstate="firing", {INSTANCE}}})',
                 "",
                 fmt="table",
                 instant=True,
@@ -63,14 +63,14 @@ def breaker(thresholds: Thresholds) -> dict:
                 8,
                 [
                     (timeseries("SLO attainment (the controller's estimate)",
-                                (f"max by (vllm_instance) (batchlens_controller_slo_attainment{{{INSTANCE}}})",
+                                (f"max by ({BY}) (batchlens_controller_slo_attainment{{{INSTANCE}}})",
                                  "{{vllm_instance}}"),
                                 unit="percentunit",
                                 description="Share of requests within the SLO over the last minute, estimated from "
                                             "the engine's own histograms (TTFT within slo.ttft_seconds and token "
                                             "gaps within slo.tpot_seconds)."), 8),
                     (timeseries("Goodput (the controller's estimate)",
-                                (f"max by (vllm_instance) (batchlens_controller_goodput_rps{{{INSTANCE}}})",
+                                (f"max by ({BY}) (batchlens_controller_goodput_rps{{{INSTANCE}}})",
                                  "{{vllm_instance}}"), unit="reqps",
                                 description="Requests finished per second x the estimated SLO attainment."), 8),
                     (timeseries("Controller decisions by reason",
@@ -87,15 +87,15 @@ def breaker(thresholds: Thresholds) -> dict:
             (
                 8,
                 [
-                    (timeseries("Strikes", (f"max by (vllm_instance) (batchlens_breaker_strikes{{{INSTANCE}}})",
+                    (timeseries("Strikes", (f"max by ({BY}) (batchlens_breaker_strikes{{{INSTANCE}}})",
                                             "{{vllm_instance}}"),
                                 description="Consecutive breaker actions; cold start at the configured strikes."), 8),
                     (timeseries("Batch limit: in force, the hook's target, the controller's",
-                                (f"max by (vllm_instance) (batchlens_batch_limit{{{INSTANCE}}})",
+                                (f"max by ({BY}) (batchlens_batch_limit{{{INSTANCE}}})",
                                  "{{vllm_instance}} in force"),
-                                (f"max by (vllm_instance) (batchlens_batch_limit_target{{{INSTANCE}}})",
+                                (f"max by ({BY}) (batchlens_batch_limit_target{{{INSTANCE}}})",
                                  "{{vllm_instance}} target"),
-                                (f"max by (vllm_instance) (batchlens_controller_target_limit{{{INSTANCE}}})",
+                                (f"max by ({BY}) (batchlens_controller_target_limit{{{INSTANCE}}})",
                                  "{{vllm_instance}} controller"),
                                 description="The controller's limit is in force unless the breaker is open (then "
                                             "the smaller one), a hand set it, or control is in dry run."), 8),
@@ -132,7 +132,7 @@ PAUSED = {
     "datasource": DATASOURCE,
     "enable": True,
     "iconColor": "purple",
-    "expr": "sum by (vllm_instance, reason) (increase(batchlens_controller_decisions_total"
+    "expr": "sum by (cluster, vllm_instance, reason) (increase(batchlens_controller_decisions_total"
     f'{{{INSTANCE}, reason=~"manual_hold|breaker_open|no_signal"}}[1m])) > 0',
     "step": "30s",
     "titleFormat": "Controller paused on {{vllm_instance}}: {{reason}}",

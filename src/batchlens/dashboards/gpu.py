@@ -12,11 +12,11 @@ CLOCK_EVENT = "batchlens_gpu_clock_event_active"
 
 
 def q(metric: str) -> str:
-    return f"max by (gpu, vllm_instance) ({metric}{{{GPU_SEL}}})"
+    return f"max by (cluster, gpu, vllm_instance) ({metric}{{{GPU_SEL}}})"
 
 
 def counter(metric: str) -> str:
-    return f"max by (gpu, vllm_instance) (rate({metric}{{{GPU_SEL}}}[$__rate_interval]))"
+    return f"max by (cluster, gpu, vllm_instance) (rate({metric}{{{GPU_SEL}}}[$__rate_interval]))"
 
 
 def gpu(thresholds: Thresholds) -> dict:

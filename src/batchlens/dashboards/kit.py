@@ -33,8 +33,10 @@ SCHEMA_VERSION = 40
 TAG = "batchlens"
 #: Every panel reads the datasource the user picks: the JSON imports into any Grafana.
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'vllm_instance=~"$vllm_instance", model_name=~"$model_name"'
-GPU_SEL = 'vllm_instance=~"$vllm_instance", gpu=~"$gpu"'
+#: Where a series comes from; a missing cluster label is matched by "All" (.*), so one cluster needs none.
+INSTANCE = 'cluster=~"$cluster", vllm_instance=~"$vllm_instance"'
+SEL = INSTANCE + ', model_name=~"$model_name"'
+GPU_SEL = INSTANCE + ', gpu=~"$gpu"'
 ENGINE = "{{vllm_instance}}"
 
 #: uid -> title: the alerts' dashboard_url points at "batchlens-overview".
@@ -126,13 +128,23 @@ def variables() -> Templating:
             Template(
                 name="datasource", label="Prometheus", query="prometheus", type="datasource", default="Prometheus"
             ),
-            query("vllm_instance", "vLLM instance", "label_values(vllm:num_requests_running, vllm_instance)"),
+            # Without a cluster label the list is empty and "All" (.*) matches the missing label.
+            query("cluster", "Cluster", "label_values(vllm:num_requests_running, cluster)"),
+            query(
+                "vllm_instance",
+                "vLLM instance",
+                'label_values(vllm:num_requests_running{cluster=~"$cluster"}, vllm_instance)',
+            ),
             query(
                 "model_name",
                 "Model",
-                'label_values(vllm:num_requests_running{vllm_instance=~"$vllm_instance"}, model_name)',
+                f"label_values(vllm:num_requests_running{{{INSTANCE}}}, model_name)",
             ),
-            query("gpu", "GPU", 'label_values(batchlens_gpu_sm_busy_ratio{vllm_instance=~"$vllm_instance"}, gpu)'),
+            query(
+                "gpu",
+                "GPU",
+                f"label_values(batchlens_gpu_sm_busy_ratio{{{INSTANCE}}}, gpu)",
+            ),
         ]
     )
 
@@ -159,7 +171,7 @@ ACTIONS = [
         "datasource": DATASOURCE,
         "enable": True,
         "iconColor": "orange",
-        "expr": 'changes(max by (vllm_instance) (batchlens_batch_limit{vllm_instance=~"$vllm_instance"})[2m:15s]) > 0',
+        "expr": f"changes(max by (cluster, vllm_instance) (batchlens_batch_limit{{{INSTANCE}}})[2m:15s]) > 0",
         "step": "30s",
         "titleFormat": "Batch limit changed on {{vllm_instance}}",
         "textFormat": "",
@@ -170,8 +182,8 @@ ACTIONS = [
         "datasource": DATASOURCE,
         "enable": True,
         "iconColor": "red",
-        "expr": "sum by (vllm_instance, action, result) (increase(batchlens_remediation_actions_total"
-        '{vllm_instance=~"$vllm_instance"}[2m])) > 0',
+        "expr": "sum by (cluster, vllm_instance, action, result) (increase(batchlens_remediation_actions_total"
+        f"{{{INSTANCE}}}[2m])) > 0",
         "step": "30s",
         "titleFormat": "{{action}} on {{vllm_instance}}: {{result}}",
         "textFormat": "",

@@ -6,7 +6,7 @@ from batchlens.config import Thresholds
 from batchlens.dashboards.kit import SEL, dashboard, place, timeseries
 from batchlens.rules.recording import LEVEL
 
-BY = "vllm_instance"
+BY = "cluster, vllm_instance"
 
 
 def kv_cache(thresholds: Thresholds) -> dict:

@@ -19,7 +19,7 @@ from batchlens.dashboards.panels import XYChart
 from batchlens.rules.recording import LATENCIES, LEVEL, operating_point_measures
 
 THROUGHPUT, P99, MEMORY_BUSY, SM_BUSY = "Throughput", "P99", "Memory busy", "SM busy"
-BY = "vllm_instance, model_name"
+BY = "cluster, vllm_instance, model_name"
 
 
 def operating_points_panel(thresholds: Thresholds) -> XYChart:
@@ -27,7 +27,7 @@ def operating_points_panel(thresholds: Thresholds) -> XYChart:
     sm = "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio"
     columns = {THROUGHPUT: throughput, P99: p99, MEMORY_BUSY: memory, SM_BUSY: sm}
     per_engine = {name: f"max by ({BY}) ({rule}{{{SEL}}})" for name, rule in columns.items()}
-    queries, steps = joined(per_engine, drop=("model_name",))
+    queries, steps = joined(per_engine, drop=("cluster", "model_name"))
     latency = thresholds.p99_latency.upper()
     return XYChart(
         title=f"Operating points: throughput × P99 {latency} × utilization",
@@ -72,7 +72,7 @@ def overview(thresholds: Thresholds) -> dict:
             (
                 4,
                 [
-                    (stat("Batch limit", f"max by (vllm_instance) (batchlens_batch_limit{{{SEL}}})",
+                    (stat("Batch limit", f"max by ({BY}) (batchlens_batch_limit{{{SEL}}})",
                           description="The admission limit in force (max_num_active_seqs)."), 6),
                     (stat("KV blocks used", f"max(vllm_instance_model_name_engine:vllm_kv_cache_usage:ratio{{{SEL}}})",
                           unit="percentunit", threshold=thresholds.kv_blocks_ratio), 6),
@@ -93,7 +93,7 @@ def overview(thresholds: Thresholds) -> dict:
                                 threshold=thresholds.p99_seconds), 8),
                     (timeseries("GPU memory busy and SM busy",
                                 (f"{memory}{{{SEL}}}", "{{vllm_instance}} memory"),
-                                (f"max by (vllm_instance) (vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio"
+                                (f"max by ({BY}) (vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio"
                                  f"{{{SEL}}})", "{{vllm_instance}} SM"),
                                 unit="percentunit", threshold=thresholds.bandwidth_ratio), 8),
                 ],

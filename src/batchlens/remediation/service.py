@@ -74,6 +74,7 @@ class Remediator:
         clock: Callable[[], float] = time.time,
     ):
         self.settings = config.breaker
+        self.cluster = config.remediate.cluster
         self.store = store
         self.clock = clock
         self.alertmanager = alertmanager
@@ -100,13 +101,15 @@ class Remediator:
     def accept(self, payload: WebhookPayload) -> dict[str, int]:
         """Write the notification's deliveries to the inbox; raises sqlite3.Error if that fails."""
         alertnames = {BREAKER_ALERT, KV_ALERT} if self.settings.reset_prefix_cache else {BREAKER_ALERT}
-        keep, skipped = deliveries(payload, now=self.clock(), instances=self.engines, alertnames=alertnames)
+        keep, skipped = deliveries(
+            payload, now=self.clock(), instances=self.engines, alertnames=alertnames, cluster=self.cluster
+        )
         if keep:
             self.store.accept(keep)
             self.wake.set()
         for reason, n in skipped.items():
             self.deliveries[reason] += n
-            if reason in ("unknown_instance", "missing_vllm_instance", "truncated"):
+            if reason in ("unknown_instance", "missing_vllm_instance", "missing_cluster", "truncated"):
                 log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
         return {"accepted": len(keep), **skipped}
 

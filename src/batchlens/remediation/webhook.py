@@ -46,9 +46,18 @@ class WebhookPayload(BaseModel):
 
 
 def deliveries(
-    payload: WebhookPayload, *, now: float, instances: Collection[str], alertnames: Collection[str]
+    payload: WebhookPayload,
+    *,
+    now: float,
+    instances: Collection[str],
+    alertnames: Collection[str],
+    cluster: str = "",
 ) -> tuple[list[Delivery], Counter[str]]:
-    """The deliveries to act on, and a count of the alerts skipped, by reason."""
+    """The deliveries to act on, and a count of the alerts skipped, by reason.
+
+    With ``cluster`` set, only alerts labelled with that cluster are acted on: an Alertmanager shared by
+    several clusters (or a Thanos/Mimir ruler above them) may send another cluster's engine of the same name.
+    """
     keep: list[Delivery] = []
     skipped: Counter[str] = Counter()
     if payload.truncatedAlerts:
@@ -58,6 +67,10 @@ def deliveries(
         instance = alert.labels.get("vllm_instance", "")
         if name not in alertnames:
             skipped["other_alert"] += 1
+        elif cluster and "cluster" not in alert.labels:
+            skipped["missing_cluster"] += 1
+        elif cluster and alert.labels["cluster"] != cluster:
+            skipped["other_cluster"] += 1
         elif not instance:
             skipped["missing_vllm_instance"] += 1
         elif instance not in instances:

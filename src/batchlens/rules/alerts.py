@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from batchlens.config import Thresholds
+from batchlens.config import Links, Thresholds
 from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, slo_ratio_name, slow_ratio_name
 
 BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
 
 RUNBOOKS = "docs/runbooks"  # each alert has docs/runbooks/<AlertName>.md
-DASHBOARD = "/d/batchlens-overview/batchlens?var-vllm_instance={{ $labels.vllm_instance }}"  # Grafana-relative
+# An empty var-cluster (no cluster label) matches the series without one, as the label does in PromQL.
+DASHBOARD = (
+    "/d/batchlens-overview/batchlens?var-cluster={{ $labels.cluster }}&var-vllm_instance={{ $labels.vllm_instance }}"
+)
 
 
-def _alert(name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict:
+def _alert(links: Links, name: str, expr: str, duration: str, severity: str, summary: str, description: str) -> dict:
     rule = {"alert": name, "expr": expr}
     if duration not in ("0s", "0m", "0"):
         rule["for"] = duration
@@ -19,8 +22,8 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str, des
     rule["annotations"] = {
         "summary": summary,
         "description": description,
-        "runbook_url": f"{RUNBOOKS}/{name}.md",
-        "dashboard_url": DASHBOARD,
+        "runbook_url": f"{links.runbook_url or RUNBOOKS}/{name}.md",
+        "dashboard_url": links.grafana_url + DASHBOARD,
     }
     return rule
 
@@ -34,13 +37,16 @@ def _burn(latency: str, pairs: tuple[tuple[str, str, float], ...]) -> str:
     return " or ".join(clauses)
 
 
-def alert_rules(thresholds: Thresholds) -> list[dict]:
+def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict]:
+    """The alerts; ``links`` makes their runbook and dashboard URLs absolute."""
+    links = links or Links()
     bandwidth = thresholds.bandwidth_ratio
     kv = thresholds.kv_blocks_ratio
     latency = thresholds.p99_latency
     slow = slow_ratio_name(latency, thresholds.p99_window)
     return [
         _alert(
+            links,
             "VllmGpuMemoryBandwidthHigh",
             f"vllm_instance_model_name_gpu:batchlens_gpu_memory_bandwidth:ratio > {bandwidth}",
             thresholds.bandwidth_for,
@@ -50,6 +56,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             f"{bandwidth:.0%} for {thresholds.bandwidth_for}: a larger batch will add latency, not throughput.",
         ),
         _alert(
+            links,
             "VllmKvCacheBlocksHigh",
             f"{LEVEL_ENGINE}:vllm_kv_cache_usage:ratio > {kv}",
             thresholds.kv_blocks_for,
@@ -59,6 +66,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "preemptions and queueing follow when it fills.",
         ),
         _alert(
+            links,
             "VllmP99LatencyBreaker",
             f"{slow} > 0.01",
             "0s",
@@ -70,6 +78,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "the batch limit.",
         ),
         _alert(
+            links,
             "VllmLatencySloBurnFast",
             _burn(latency, (("1h", "5m", 14.4), ("6h", "30m", 6))),
             "2m",
@@ -79,6 +88,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "(6h) the sustainable rate: at this pace a 30-day budget is gone within days.",
         ),
         _alert(
+            links,
             "VllmLatencySloBurnSlow",
             _burn(latency, (("1d", "2h", 3), ("3d", "6h", 1))),
             "15m",
@@ -88,6 +98,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "sustainable rate: plan capacity or a smaller batch limit.",
         ),
         _alert(
+            links,
             "VllmRequestsQueueing",
             f"{LEVEL}:vllm_num_requests_waiting:sum > 0 and deriv({LEVEL}:vllm_num_requests_waiting:sum[10m]) > 0",
             "10m",
@@ -97,6 +108,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "demand exceeds capacity at the current batch limit.",
         ),
         _alert(
+            links,
             "VllmPreemptionsRising",
             f"{LEVEL}:vllm_num_preemptions:rate1m > 0",
             "5m",
@@ -106,8 +118,9 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "the batch, and preempted requests recompute their prompts.",
         ),
         _alert(
+            links,
             "VllmBreakerColdStart",
-            'max by (vllm_instance) (batchlens_breaker_state{state="cold_start"}) == 1',
+            'max by (cluster, vllm_instance) (batchlens_breaker_state{state="cold_start"}) == 1',
             "15m",
             "critical",
             "{{ $labels.vllm_instance }} has been in cold-start mode for 15 minutes",
@@ -115,6 +128,7 @@ def alert_rules(thresholds: Thresholds) -> list[dict]:
             "breaker has not recovered: the engine serves one request at a time. A human is needed.",
         ),
         _alert(
+            links,
             "BatchlensSourceDown",
             'batchlens_source_up{gpu=""} == 0',
             "2m",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from batchlens.config import Thresholds
 
-BY = "vllm_instance, model_name"
-BY_ENGINE = "vllm_instance, model_name, engine"
+BY = "cluster, vllm_instance, model_name"
+BY_ENGINE = "cluster, vllm_instance, model_name, engine"
 LEVEL = "vllm_instance_model_name"
 LEVEL_ENGINE = "vllm_instance_model_name_engine"
 WINDOWS = ("1m", "5m")
@@ -121,7 +121,7 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     # GPU series carry vllm_instance and model_name once mapped to an engine: join on them, skip the unmapped.
     record(
         "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio",
-        'max by (vllm_instance, model_name, gpu) (batchlens_gpu_sm_busy_ratio{vllm_instance!=""})',
+        'max by (cluster, vllm_instance, model_name, gpu) (batchlens_gpu_sm_busy_ratio{vllm_instance!=""})',
     )
     record(
         f"{LEVEL}:batchlens_gpu_memory_busy:max",
@@ -129,7 +129,7 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     )
     record(
         "vllm_instance_model_name_gpu:batchlens_gpu_memory_bandwidth:ratio",
-        "max by (vllm_instance, model_name, gpu) ("
+        "max by (cluster, vllm_instance, model_name, gpu) ("
         '{__name__=~"batchlens_gpu_memory_busy_ratio|batchlens_gpu_dram_bandwidth_ratio", vllm_instance!=""})',
     )
     # Operating points: the same measures labelled with the batch limit in force, so a dashboard table and
