@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from batchlens.config import Links, Thresholds
-from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, slo_ratio_name, slow_ratio_name
+from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, WHERE, slo_ratio_name, slow_ratio_name
 
 BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
 
@@ -120,7 +120,7 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
         _alert(
             links,
             "VllmBreakerColdStart",
-            'max by (cluster, vllm_instance) (batchlens_breaker_state{state="cold_start"}) == 1',
+            f'max by ({WHERE}, vllm_instance) (batchlens_breaker_state{{state="cold_start"}}) == 1',
             "15m",
             "critical",
             "{{ $labels.vllm_instance }} has been in cold-start mode for 15 minutes",

@@ -2,8 +2,10 @@
 
 Every rule aggregates by ``vllm_instance`` and ``model_name`` (plus ``engine``
 where a rule serves the per-engine breaker), so that dashboards and alerts
-read one consistent label set. Queries name vLLM 0.32's real series: counters
-end in ``_total`` and ``le`` bounds are the strings vLLM writes ("0.5").
+read one consistent label set. ``cluster`` and ``namespace`` pass through
+where the series have them: a ruler above several clusters must keep them
+apart, and the Prometheus Operator routes an alert by its namespace label.
+Queries name vLLM 0.32's real series: counters end in ``_total`` and ``le`` bounds are the strings vLLM writes ("0.5").
 Renamed metrics are read under both names with ``or``.
 """
 
@@ -11,8 +13,9 @@ from __future__ import annotations
 
 from batchlens.config import Thresholds
 
-BY = "cluster, vllm_instance, model_name"
-BY_ENGINE = "cluster, vllm_instance, model_name, engine"
+WHERE = "cluster, namespace"
+BY = f"{WHERE}, vllm_instance, model_name"
+BY_ENGINE = f"{BY}, engine"
 LEVEL = "vllm_instance_model_name"
 LEVEL_ENGINE = "vllm_instance_model_name_engine"
 WINDOWS = ("1m", "5m")
@@ -121,7 +124,7 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     # GPU series carry vllm_instance and model_name once mapped to an engine: join on them, skip the unmapped.
     record(
         "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio",
-        'max by (cluster, vllm_instance, model_name, gpu) (batchlens_gpu_sm_busy_ratio{vllm_instance!=""})',
+        f'max by ({BY}, gpu) (batchlens_gpu_sm_busy_ratio{{vllm_instance!=""}})',
     )
     record(
         f"{LEVEL}:batchlens_gpu_memory_busy:max",
@@ -129,7 +132,7 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     )
     record(
         "vllm_instance_model_name_gpu:batchlens_gpu_memory_bandwidth:ratio",
-        "max by (cluster, vllm_instance, model_name, gpu) ("
+        f"max by ({BY}, gpu) ("
         '{__name__=~"batchlens_gpu_memory_busy_ratio|batchlens_gpu_dram_bandwidth_ratio", vllm_instance!=""})',
     )
     # Operating points: the same measures labelled with the batch limit in force, so a dashboard table and
