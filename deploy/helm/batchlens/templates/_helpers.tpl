@@ -1,0 +1,79 @@
+{{/* The release's base name, at most 63 characters (a DNS label). */}}
+{{- define "batchlens.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "batchlens.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "batchlens.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "batchlens.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: batchlens
+{{- end -}}
+
+{{/* Selector labels of one component: call with (dict "root" $ "component" "exporter"). */}}
+{{- define "batchlens.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "batchlens.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "batchlens.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "batchlens.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "batchlens.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the engines' admin token, and the one holding the webhook token. */}}
+{{- define "batchlens.adminTokenSecret" -}}
+{{- default (printf "%s-admin-token" (include "batchlens.fullname" .)) .Values.adminToken.existingSecret -}}
+{{- end -}}
+{{- define "batchlens.webhookTokenSecret" -}}
+{{- default (printf "%s-webhook-token" (include "batchlens.fullname" .)) .Values.remediate.webhookToken.existingSecret -}}
+{{- end -}}
+
+{{/* The in-cluster URL Alertmanager posts the breaker alert to. */}}
+{{- define "batchlens.webhookUrl" -}}
+{{- printf "http://%s-remediate.%s.svc:%d/alertmanager" (include "batchlens.fullname" .) .Release.Namespace (int .Values.remediate.port) -}}
+{{- end -}}
+
+{{/* The namespaces that get an AlertmanagerConfig (the operator matches alerts to its own namespace). */}}
+{{- define "batchlens.alertNamespaces" -}}
+{{- $namespaces := .Values.alertmanagerConfig.namespaces | default (list .Release.Namespace) -}}
+{{- toJson (uniq $namespaces) -}}
+{{- end -}}
+
+{{/*
+A token for a Secret the chart creates: the value given, else the one already in the cluster (so an upgrade
+keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key" <key> "value" <value>).
+*/}}
+{{- define "batchlens.keptToken" -}}
+{{- if .value -}}
+{{- .value -}}
+{{- else -}}
+{{- $found := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- $data := dig "data" .key "" ($found | default dict) -}}
+{{- if $data -}}{{- $data | b64dec -}}{{- else -}}{{- randAlphaNum 40 -}}{{- end -}}
+{{- end -}}
+{{- end -}}

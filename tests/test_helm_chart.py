@@ -1,0 +1,264 @@
+"""The Helm chart (deploy/helm/batchlens), proved offline with real tools, layer by layer.
+
+No API server, helm binary or Prometheus Operator can run here. What runs:
+- Helm's own Go library (helm-python-sdk) renders and strictly lints the chart with each ci/ values file;
+- kubernetes-validate --strict checks every built-in kind against Kubernetes 1.30 and the newest it ships;
+- the operator's CRD schemas (npm @kubernetes-models/prometheus-operator) and TypeScript's excess-property
+  check cover the operator's kinds, so a misspelt field fails;
+- promtool checks the rules taken out of the rendered PrometheusRule and runs alerts/tests on them;
+- amtool tests the routing of the Alertmanager configuration the operator would build (harness/helm.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from batchlens.artifacts import chart_files, rule_groups
+from batchlens.config import load_config
+from harness.helm import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    VALUES,
+    check_operator_kinds,
+    helm,
+    objects,
+    of_kind,
+    operator_alertmanager_config,
+    render,
+)
+from harness.prometheus import require_binary
+
+OPERATOR_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor", "AlertmanagerConfig"}
+KUBERNETES = ("1.30.0", "1.37.0")  # the oldest we support here, and the newest kubernetes-validate ships
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: objects(values) for name, values in VALUES.items()}
+
+
+def test_the_ci_values_files_are_the_three_the_docs_name() -> None:
+    assert set(VALUES) == {"default-values", "all-enabled-values", "production-stack-values"}
+
+
+def test_the_chart_version_follows_batchlens() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["apiVersion"] == "v2" and chart["version"] == version and chart["appVersion"] == version
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_helm_lints_the_chart_strictly(name: str) -> None:
+    for kube in KUBERNETES:
+        report = helm().lint(CHART, VALUES[name], strict=True, namespace=NAMESPACE, kube_version=f"v{kube}")
+        serious = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+        assert not serious and not report["errors"], (kube, serious, report["errors"])
+
+
+def test_the_values_schema_refuses_a_misspelt_key_and_a_relative_link() -> None:
+    for values, complaint in (
+        ({"exporter": {"nodeSelecter": {}}}, "'nodeSelecter' not allowed"),
+        ({"links": {"grafanaUrl": "grafana:3000"}}, "/links/grafanaUrl"),
+    ):
+        with pytest.raises(helm().HelmValuesError, match=complaint):
+            render(values)
+
+
+@pytest.mark.parametrize("kube", KUBERNETES)
+def test_every_builtin_kind_is_valid_kubernetes_strictly(rendered, kube: str, tmp_path) -> None:
+    files = []
+    for name, docs in rendered.items():
+        for i, doc in enumerate(d for d in docs if d["kind"] not in OPERATOR_KINDS):
+            files.append(tmp_path / f"{name}-{i}-{doc['kind']}.yaml")
+            files[-1].write_text(yaml.safe_dump(doc))
+    kinds = {path.stem.rsplit("-", 1)[1] for path in files}
+    assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim"} <= kinds
+    assert {"NetworkPolicy", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    misspelt = yaml.safe_load(files[0].read_text())
+    misspelt["metdata"] = misspelt.pop("metadata")
+    (tmp_path / "misspelt.yaml").write_text(yaml.safe_dump(misspelt))
+    done = kubernetes_validate(kube, *files)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count(" passed for resource ") == len(files), done.stdout[-3000:]
+    done = kubernetes_validate(kube, tmp_path / "misspelt.yaml")  # the check can fail
+    assert done.returncode != 0 and "metdata" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def kubernetes_validate(kube: str, *files: Path) -> subprocess.CompletedProcess:
+    tool = Path(sys.executable).parent / "kubernetes-validate"
+    argv = [str(tool), "--strict", "-k", kube, *map(str, files)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
+def test_the_operator_kinds_match_the_operators_schemas(rendered, tmp_path) -> None:
+    docs = [d for name in rendered for d in rendered[name] if d["kind"] in OPERATOR_KINDS]
+    assert {d["kind"] for d in docs} == OPERATOR_KINDS
+    done = check_operator_kinds(docs, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(docs)} objects, 0 problems" in done.stdout
+
+
+def test_the_operator_kinds_check_fails_on_a_misspelt_field(rendered, tmp_path) -> None:
+    docs = copy.deepcopy(rendered["default-values"])  # the fixture is shared
+    [monitor] = of_kind(docs, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["intervall"] = monitor["spec"]["endpoints"][0].pop("interval")
+    [rule] = of_kind(docs, "PrometheusRule")
+    rule["spec"]["groups"][0]["rules"][0]["recrod"] = "x"
+    done = check_operator_kinds([monitor, rule], tmp_path)
+    assert done.returncode == 1, done.stdout
+    assert "intervall" in done.stdout and "recrod" in done.stdout, done.stdout
+
+
+def test_the_prometheusrule_holds_exactly_the_generated_groups(rendered) -> None:
+    for name, docs in rendered.items():
+        [rule] = of_kind(docs, "PrometheusRule")
+        links = {
+            "grafana_url": VALUES[name].get("links", {}).get("grafanaUrl", ""),
+            "runbook_url": VALUES[name].get("links", {}).get("runbookUrl", ""),
+        }
+        expected = list(rule_groups(load_config(None, {"links": links}, {})).values())
+        assert rule["spec"]["groups"] == expected, name
+    [rule] = of_kind(rendered["all-enabled-values"], "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_promtool_checks_and_unit_tests_the_rendered_rules(rendered, tmp_path) -> None:
+    promtool = require_binary("promtool", "prometheus")
+    [rule] = of_kind(rendered["default-values"], "PrometheusRule")
+    extracted = tmp_path / "rules" / "prometheusrule.yml"
+    extracted.parent.mkdir()
+    extracted.write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
+    done = subprocess.run([promtool, "check", "rules", "--lint=all", str(extracted)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    suites = tmp_path / "tests"
+    suites.mkdir()
+    for path in sorted((ROOT / "alerts" / "tests").glob("*.yml")):
+        suite = yaml.safe_load(path.read_text())
+        suite["rule_files"] = ["../rules/prometheusrule.yml"]
+        suite["group_eval_order"] = [group["name"] for group in rule["spec"]["groups"]]
+        (suites / path.name).write_text(yaml.safe_dump(suite, sort_keys=False))
+    done = subprocess.run(
+        [promtool, "test", "rules", *map(str, sorted(suites.glob("*.yml")))], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "FAILED" not in done.stdout, done.stdout + done.stderr
+
+
+def test_one_dashboard_configmap_per_dashboard_with_the_sidecar_label(rendered) -> None:
+    committed = {path.name: path.read_text() for path in sorted((ROOT / "dashboards").glob("*.json"))}
+    maps = [
+        m for m in of_kind(rendered["default-values"], "ConfigMap") if "grafana_dashboard" in m["metadata"]["labels"]
+    ]
+    assert len(maps) == len(committed)
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"]["grafana_folder"] == "batchlens"
+        [(file, text)] = cm["data"].items()
+        assert json.loads(text) == json.loads(committed[file]), file
+        assert len(text.encode()) < 1_000_000  # a ConfigMap holds 1 MiB at most
+
+
+def test_the_chart_payloads_are_what_batchlens_build_writes() -> None:
+    for path, text in chart_files(load_config(None, {}, {})).items():
+        assert (ROOT / path).read_text() == text, f"{path} is stale: run `batchlens build`"
+
+
+def test_the_generated_config_is_a_valid_batchlens_config(rendered) -> None:
+    for name, docs in rendered.items():
+        [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
+        data = yaml.safe_load(config_map["data"]["config.yaml"])
+        config = load_config(None, data, {})
+        assert config.exporter.listen == "0.0.0.0:9400" and config.remediate.listen == "0.0.0.0:9401"
+        assert config.remediate.cluster == VALUES[name].get("cluster", "")
+        assert [e.name for e in config.engines] == [e["name"] for e in VALUES[name].get("engines", [])]
+        if name == "all-enabled-values":
+            assert config.thresholds.kv_blocks_ratio == 0.85 and config.control.enabled
+
+
+def test_the_exporter_runs_on_gpu_nodes_with_the_kubelet_socket_read_only(rendered) -> None:
+    [daemonset] = of_kind(rendered["all-enabled-values"], "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and pod["runtimeClassName"] == "nvidia"
+    [container] = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["BATCHLENS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "vllm-admin-token"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert (
+        mounts["pod-resources"]["readOnly"] and mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    )
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    assert container["resources"]["limits"]["memory"]
+
+
+def test_the_remediation_service_is_one_recreated_replica_with_its_state_on_a_claim(rendered) -> None:
+    docs = rendered["default-values"]
+    [deployment] = of_kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    [claim] = of_kind(docs, "PersistentVolumeClaim")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    [policy] = of_kind(docs, "NetworkPolicy")
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    [ingress] = policy["spec"]["ingress"]
+    assert [p["port"] for p in ingress["ports"]] == [9401]
+    assert {"app.kubernetes.io/name": "alertmanager"} in [f["podSelector"]["matchLabels"] for f in ingress["from"]]
+    egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
+    assert egress_ports == {8000, 9093, 53}
+    [role] = of_kind(docs, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
+    secrets = of_kind(rendered["all-enabled-values"], "Secret")
+    # The webhook token is copied into each namespace whose AlertmanagerConfig reads it; the admin token is
+    # the user's existing Secret, so the chart makes none.
+    assert sorted(s["metadata"]["namespace"] for s in secrets) == ["monitoring", "serving", "serving-canary"]
+    assert all("value" not in json.dumps(s["metadata"]) for s in secrets)
+    for path, text in render(VALUES["all-enabled-values"]).items():
+        if not path.endswith("secrets.yaml"):
+            assert "not-a-real-token-only-for-rendering" not in text, path
+
+
+def test_the_notes_warn_about_the_missing_release_label() -> None:
+    notes = render({})[f"{CHART.name}/templates/NOTES.txt"]
+    assert "prometheusRule.additionalLabels has no `release` label" in notes and "ignored" in notes
+    labelled = {"prometheusRule": {"additionalLabels": {"release": "kps"}},
+                "serviceMonitor": {"additionalLabels": {"release": "kps"}}}  # fmt: skip
+    assert "WARNING" not in render(labelled)[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def test_amtool_routes_the_breaker_to_the_hook_only_from_the_objects_namespaces(rendered, tmp_path) -> None:
+    amtool = require_binary("amtool", "prometheus-alertmanager")
+    configs = of_kind(rendered["all-enabled-values"], "AlertmanagerConfig")
+    assert sorted(c["metadata"]["namespace"] for c in configs) == ["serving", "serving-canary"]
+    token = tmp_path / "token"
+    token.write_text("x")
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(yaml.safe_dump(operator_alertmanager_config(configs, token)))
+    done = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    hook = f"serving/{RELEASE}-batchlens/batchlens-remediate"
+    for labels, receiver in (
+        (["alertname=VllmP99LatencyBreaker", "namespace=serving", "vllm_instance=serving/vllm-0"], hook),
+        (["alertname=VllmP99LatencyBreaker", "namespace=elsewhere"], "default"),
+        (["alertname=VllmKvCacheBlocksHigh", "namespace=serving"], "default"),
+    ):
+        done = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={config}", f"--verify.receivers={receiver}", *labels],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, (labels, done.stdout + done.stderr)
+    [config] = configs[:1]
+    [hook_config] = config["spec"]["receivers"][0]["webhookConfigs"]
+    assert hook_config["url"] == f"http://{RELEASE}-batchlens-remediate.{NAMESPACE}.svc:9401/alertmanager"
