@@ -81,6 +81,10 @@ def test_every_builtin_kind_is_valid_kubernetes_strictly(rendered, kube: str, tm
         for i, doc in enumerate(d for d in docs if d["kind"] not in OPERATOR_KINDS):
             files.append(tmp_path / f"{name}-{i}-{doc['kind']}.yaml")
             files[-1].write_text(yaml.safe_dump(doc))
+    examples = ROOT / "deploy" / "examples" / "vllm-with-batchlens.yaml"  # how a user runs vLLM with the plugin
+    for i, doc in enumerate(yaml.safe_load_all(examples.read_text())):
+        files.append(tmp_path / f"example-{i}-{doc['kind']}.yaml")
+        files[-1].write_text(yaml.safe_dump(doc))
     kinds = {path.stem.rsplit("-", 1)[1] for path in files}
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim"} <= kinds
     assert {"NetworkPolicy", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
@@ -262,3 +266,17 @@ def test_amtool_routes_the_breaker_to_the_hook_only_from_the_objects_namespaces(
     [config] = configs[:1]
     [hook_config] = config["spec"]["receivers"][0]["webhookConfigs"]
     assert hook_config["url"] == f"http://{RELEASE}-batchlens-remediate.{NAMESPACE}.svc:9401/alertmanager"
+
+
+def test_the_vllm_examples_switch_the_plugin_on_with_the_token_the_chart_reads() -> None:
+    examples = ROOT / "deploy" / "examples"
+    statefulset = next(yaml.safe_load_all((examples / "vllm-with-batchlens.yaml").read_text()))
+    stack = yaml.safe_load((examples / "production-stack-values.yaml").read_text())
+    envs = [statefulset["spec"]["template"]["spec"]["containers"][0]["env"]]
+    envs += [model["env"] for model in stack["servingEngineSpec"]["modelSpec"]]
+    secrets = [VALUES["all-enabled-values"]["adminToken"]["existingSecret"],
+               VALUES["production-stack-values"]["adminToken"]["existingSecret"]]  # fmt: skip
+    for env, secret in zip(envs, secrets, strict=True):
+        named = {e["name"]: e for e in env}
+        assert named["VLLM_PLUGINS"]["value"] == "batchlens"
+        assert named["BATCHLENS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret
