@@ -10,7 +10,8 @@ FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/batchlens batchlens \
     && mkdir /var/lib/batchlens/state && chown batchlens /var/lib/batchlens/state   # a new volume copies this owner
 COPY --from=wheel /dist /tmp/dist
-RUN pip install --no-cache-dir /tmp/dist/batchlens-*.whl && rm -rf /tmp/dist /root/.cache
+# The kubernetes extra: grpcio for the kubelet's pod-resources API (the Helm chart's exporter uses it).
+RUN pip install --no-cache-dir "$(echo /tmp/dist/batchlens-*.whl)[kubernetes]" && rm -rf /tmp/dist /root/.cache
 
 USER batchlens
 WORKDIR /var/lib/batchlens

@@ -183,6 +183,8 @@ def test_the_generated_config_is_a_valid_batchlens_config(rendered) -> None:
         config = load_config(None, data, {})
         assert config.exporter.listen == "0.0.0.0:9400" and config.remediate.listen == "0.0.0.0:9401"
         assert config.remediate.cluster == VALUES[name].get("cluster", "")
+        # the socket the DaemonSet mounts read-only (tests/test_pod_resources.py reads one)
+        assert config.exporter.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
         assert [e.name for e in config.engines] == [e["name"] for e in VALUES[name].get("engines", [])]
         if name == "all-enabled-values":
             assert config.thresholds.kv_blocks_ratio == 0.85 and config.control.enabled

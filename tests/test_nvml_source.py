@@ -377,6 +377,7 @@ def test_every_gpu_metric_is_documented() -> None:
         "batchlens_gpu_clock_event_active",
         "batchlens_gpu_ecc_errors_total",
         "batchlens_gpu_process_memory_bytes",
+        "batchlens_gpu_pod_info",
         "batchlens_nvml_info",
     ]
     assert [name for name in documented if f"`{name}`" not in text] == []

@@ -130,6 +130,9 @@ class Exporter(_Section):
     timeout_seconds: float = Field(3.0, gt=0, le=600, description="per engine, per request")
     max_response_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="larger /metrics bodies are refused")
     nvml: bool = Field(True, description="read GPUs through NVML; off on a host known to have none (the demo)")
+    pod_resources_socket: str = Field(
+        "", description="the kubelet's pod-resources socket, for GPU-to-pod labels on Kubernetes; empty: not asked"
+    )
 
 
 class Thresholds(_Section):

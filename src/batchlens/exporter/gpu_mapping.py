@@ -1,10 +1,12 @@
 """Which vLLM engine uses which GPU. Pure: the process facts come in as arguments.
 
-Two ways, the static one winning:
+Three ways, in this order:
 
 - **Static**: ``gpus:`` in an engine's config names GPU indexes or UUIDs (a
   ``MIG-...`` UUID names one MIG instance). For containers that cannot see the
   host's PIDs, which are the PIDs NVML reports.
+- **Kubernetes**: the kubelet says which pod holds the GPU (kubelet/holders.py);
+  the engine named ``<namespace>/<pod>`` gets it.
 - **Automatic**: NVML lists each GPU's compute processes. A vLLM worker is a
   descendant of the API server, which listens on the engine URL's port, so
   walking a process's ancestors up to a listener finds its engine.
@@ -69,11 +71,12 @@ def assign_engines(
     processes: Sequence[GpuProcess],
     process_engines: Mapping[int, str],
     static: Mapping[str, str],
+    pod_engines: Mapping[GpuDevice, str] | None = None,
 ) -> dict[GpuDevice, str]:
     """device -> engine name, for the devices an engine uses."""
     assigned: dict[GpuDevice, str] = {}
     for device in devices:
-        engine = _static_engine(device, static)
+        engine = _static_engine(device, static) or (pod_engines or {}).get(device)
         if engine is None:
             memory: dict[str, float] = defaultdict(float)
             for p in processes:

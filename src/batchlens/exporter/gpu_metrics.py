@@ -133,8 +133,13 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
 )
 
 
-def device_labels(device: GpuDevice, engine: str, model_name: str) -> dict[str, str]:
-    return {
+#: The labels of the pod that holds a GPU, on Kubernetes (exporter.pod_resources_socket).
+POD_LABELS = ("namespace", "pod", "container")
+
+
+def device_labels(device: GpuDevice, engine: str, model_name: str, pod: Sequence[str] | None = None) -> dict[str, str]:
+    """A device's labels; ``pod`` (namespace, pod, container) where the kubelet is asked, empty if none holds it."""
+    labels = {
         "gpu": str(device.index),
         "uuid": device.uuid,
         "gpu_name": device.name,
@@ -142,6 +147,9 @@ def device_labels(device: GpuDevice, engine: str, model_name: str) -> dict[str, 
         "vllm_instance": engine,
         "model_name": model_name,
     }
+    if pod is not None:
+        labels.update(zip(POD_LABELS, pod or ("", "", ""), strict=True))
+    return labels
 
 
 def with_estimates(values: Mapping[str, float]) -> dict[str, float]:
@@ -160,6 +168,7 @@ def gpu_families(
     processes: Iterable[GpuProcess],
     process_engines: Mapping[int, str],
     source: str = "nvml",
+    pods: Mapping[GpuDevice, Sequence[tuple[str, str, str]]] | None = None,
 ) -> list[Metric]:
     """The NVML source's families.
 
@@ -167,11 +176,13 @@ def gpu_families(
     ``down`` are the physical GPUs that failed this tick (lost, unknown error);
     ``engines`` maps a device to the engine that uses it and ``models`` an engine
     to its model; ``process_engines`` maps a compute process to its engine.
+    ``pods`` (on Kubernetes) maps a device to the (namespace, pod, container) holding it, first first.
     """
     labelled = []
     for r in readings:
         engine = engines.get(r.device, "")
-        labelled.append((device_labels(r.device, engine, models.get(engine, "")), r))
+        held = None if pods is None else next(iter(pods.get(r.device, ())), ())
+        labelled.append((device_labels(r.device, engine, models.get(engine, ""), held), r))
     metrics = [
         # Up per physical GPU, beside the source's own series: a lost GPU leaves the others alone.
         source_up(
@@ -212,6 +223,19 @@ def gpu_families(
     if ecc:
         metrics.append(
             fam.counter("batchlens_gpu_ecc_errors_total", "ECC errors since the driver loaded (volatile).", ecc)
+        )
+    if pods is not None:
+        holders = [
+            ({"gpu": str(device.index), "uuid": device.uuid, **dict(zip(POD_LABELS, ref, strict=True))}, 1.0)
+            for device, refs in pods.items()
+            for ref in refs
+        ]
+        metrics.append(
+            fam.gauge(
+                "batchlens_gpu_pod_info",
+                "Each container the kubelet gave this GPU (several where it is time-sliced), always 1.",
+                holders,
+            )
         )
     memory = [
         ({"gpu": str(p.gpu), "pid": str(p.pid), "vllm_instance": process_engines.get(p.pid, "")}, p.used_bytes)

@@ -48,6 +48,8 @@ from batchlens.exporter.gpu_metrics import (
     GpuReading,
     gpu_families,
 )
+from batchlens.exporter.kubelet.client import PodResourcesClient, PodResourcesError
+from batchlens.exporter.kubelet.holders import PodRef, device_holders, holders
 from batchlens.exporter.processes import ServerPids, lineage
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
@@ -239,6 +241,7 @@ class NvmlSource:
         *,
         nvml: ModuleType | None = None,
         models: Callable[[], Mapping[str, str]] = dict,
+        pod_resources: PodResourcesClient | None = None,
     ):
         if nvml is None:
             import pynvml as nvml
@@ -247,6 +250,8 @@ class NvmlSource:
         self._executor = executor
         self._models = models
         self._static = static_mapping(engines)
+        self._names = {e.name for e in engines}
+        self._pod_resources = pod_resources
         self._servers = ServerPids(engines, "nvml")
         self._lineages: dict[int, tuple[int, ...]] = {}
         self._gpus: list[Gpu] | None = None
@@ -282,17 +287,34 @@ class NvmlSource:
         if not self._static_checked and not down:
             self._check_static(devices)
         own = self._process_engines(processes)
+        pods = self._holders(devices)
+        pod_engines = {d: engine for d, refs in (pods or {}).items() if (engine := next(self._engines_of(refs), None))}
         metrics = gpu_families(
             readings,
             down,
-            assign_engines(devices, processes, own, self._static),
+            assign_engines(devices, processes, own, self._static, pod_engines),
             models,
             processes,
             process_owners(processes, own, devices, self._static),
+            pods=pods,
         )
         metrics.append(fam.info("batchlens_nvml_info", "The NVIDIA driver and NVML library versions.", self._driver))
         metrics.append(_driver_present(True))
         return Reading(metrics=tuple(metrics), soft_errors=tuple(self._calls.soft.items()))
+
+    def _holders(self, devices: Sequence[GpuDevice]) -> dict[GpuDevice, list[PodRef]] | None:
+        """device -> the pods holding it, from the kubelet; None when not asked, {} when it failed (counted)."""
+        if self._pod_resources is None:
+            return None
+        try:
+            return device_holders(devices, holders(self._pod_resources.list()))
+        except PodResourcesError as exc:
+            # The process-tree mapping still applies; the series lose their pod labels until the kubelet answers.
+            self._calls.soft[f"pod_resources_{exc.reason}"] = str(exc)
+            return {}
+
+    def _engines_of(self, refs: Sequence[PodRef]):
+        return (ref.instance for ref in refs if ref.instance in self._names)
 
     async def aclose(self, timeout: float = 2.0) -> None:
         """:meth:`close` in the NVML thread, after any sample still running there; bounded by ``timeout``."""
@@ -312,6 +334,8 @@ class NvmlSource:
         self._static_checked = True
 
     def close(self) -> None:
+        if self._pod_resources is not None:
+            self._pod_resources.close()
         if self._gpus is None:
             return
         for gpu in self._gpus:

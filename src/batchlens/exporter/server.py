@@ -17,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from batchlens import __version__
 from batchlens.config import Config, parse_listen
 from batchlens.exporter.host_source import HostSource
+from batchlens.exporter.kubelet.client import PodResourcesClient
 from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.exporter.render import render
 from batchlens.exporter.sampler import Sampler, Source, describe
@@ -88,11 +89,15 @@ class Exporter:
         if not self.config.exporter.nvml:
             return sources  # no NVML source, so no batchlens_source_up{source="nvml"} 0 to alert on
         # NVML calls go to the driver, which can take its time with a busy or failing GPU.
+        socket = self.config.exporter.pod_resources_socket
+        # Asked once per NVML tick, in the NVML thread; a hanging kubelet costs at most this deadline.
+        kubelet = PodResourcesClient(socket, timeout=min(1.0, self.config.exporter.timeout_seconds)) if socket else None
         self._nvml = NvmlSource(
             self.config.engines,
             self._worker("nvml"),
             nvml=self._nvml_module,
             models=models,
+            pod_resources=kubelet,
         )
         sources.append(self._nvml)
         return sources
