@@ -183,6 +183,9 @@ def test_the_generated_config_is_a_valid_batchlens_config(rendered) -> None:
         config = load_config(None, data, {})
         assert config.exporter.listen == "0.0.0.0:9400" and config.remediate.listen == "0.0.0.0:9401"
         assert config.remediate.cluster == VALUES[name].get("cluster", "")
+        assert config.kubernetes.discover and config.kubernetes.node_name_env == "NODE_NAME"
+        selector = VALUES[name].get("discovery", {}).get("selector") or {"app.kubernetes.io/name": "vllm"}
+        assert config.kubernetes.selector == selector  # a user's selector replaces the default, not merged
         # the socket the DaemonSet mounts read-only (tests/test_pod_resources.py reads one)
         assert config.exporter.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
         assert [e.name for e in config.engines] == [e["name"] for e in VALUES[name].get("engines", [])]
@@ -219,7 +222,7 @@ def test_the_remediation_service_is_one_recreated_replica_with_its_state_on_a_cl
     assert [p["port"] for p in ingress["ports"]] == [9401]
     assert {"app.kubernetes.io/name": "alertmanager"} in [f["podSelector"]["matchLabels"] for f in ingress["from"]]
     egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
-    assert egress_ports == {8000, 9093, 53}
+    assert egress_ports == {8000, 9093, 53, 443, 6443}  # the engines, Alertmanager, DNS, the API server
     [role] = of_kind(docs, "ClusterRole")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 

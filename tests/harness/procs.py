@@ -118,3 +118,12 @@ def start_server_with_child(workdir: Path, port: int) -> Process:
         time.sleep(0.05)
     proc.stop()
     pytest.fail(f"listener on port {port} did not start:\n{proc.log_tail()}")
+
+
+def wait_until(predicate, timeout: float = 20, what: str = "condition", every: float = 0.2) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not reached within {timeout}s")
+        time.sleep(every)

@@ -90,6 +90,9 @@ class Engine(_Section):
     simulated_gpu: bool = Field(
         False, description="a `batchlens simulate` server: read its simulated GPU from /batchlens/v1/sim/gpu"
     )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="more labels on the engine's series (discovery: namespace and pod)"
+    )
 
     @field_validator("url")
     @classmethod
@@ -207,6 +210,31 @@ class Control(_Section):
         return self
 
 
+class Kubernetes(_Section):
+    """Engine discovery on Kubernetes (docs/kubernetes.md): each vLLM pod is an engine named <namespace>/<pod>."""
+
+    discover: bool = False
+    selector: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "vllm"}, description="the vLLM pods' labels"
+    )
+    namespaces: list[str] = Field(default_factory=list, description="where to look; empty: every namespace")
+    port: int = Field(8000, ge=1, le=65535, description="vLLM's API port on the pod's IP")
+    node_name_env: str = Field(
+        "NODE_NAME", description="the exporter reads only the pods of the node this variable names (a DaemonSet)"
+    )
+    interval_seconds: float = Field(15.0, gt=0, le=3600)
+    timeout_seconds: float = Field(5.0, gt=0, le=60)
+    api_url: str = Field(
+        "", description="an API server without credentials (kubectl proxy); empty: the service account or kubeconfig"
+    )
+    admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        return http_url(value, "https://127.0.0.1:6443") if value.strip() else ""
+
+
 class Links(_Section):
     """Where alert annotations point. Alerts leave for Slack and PagerDuty, where a relative link leads nowhere."""
 
@@ -228,6 +256,7 @@ class Config(_Section):
     slo: Slo = Field(default_factory=Slo)
     control: Control = Field(default_factory=Control)
     links: Links = Field(default_factory=Links)
+    kubernetes: Kubernetes = Field(default_factory=Kubernetes)
 
     @model_validator(mode="after")
     def _slo_follows_the_breaker(self) -> Config:
@@ -248,6 +277,8 @@ class Config(_Section):
     def token_envs(self) -> list[str]:
         """Names of the environment variables that hold secrets, in a stable order."""
         names = [e.admin_token_env for e in self.engines] + [self.remediate.webhook_token_env]
+        if self.kubernetes.discover:
+            names.append(self.kubernetes.admin_token_env)
         return list(dict.fromkeys(names))
 
 

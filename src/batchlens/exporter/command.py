@@ -54,3 +54,5 @@ def exporter(
         serve(config, access_log=logging.getLogger().isEnabledFor(logging.DEBUG))
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {config.exporter.listen}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # a setting that needs what is not there (batchlens[kubernetes], an API server)
+        raise click.ClickException(str(exc)) from None

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from types import ModuleType
@@ -242,7 +242,9 @@ class NvmlSource:
         nvml: ModuleType | None = None,
         models: Callable[[], Mapping[str, str]] = dict,
         pod_resources: PodResourcesClient | None = None,
+        names: Callable[[], Collection[str]] | None = None,
     ):
+        """``names`` gives the engine names in force (discovery changes them); default: ``engines``'."""
         if nvml is None:
             import pynvml as nvml
         self._nvml = nvml
@@ -250,7 +252,8 @@ class NvmlSource:
         self._executor = executor
         self._models = models
         self._static = static_mapping(engines)
-        self._names = {e.name for e in engines}
+        configured = frozenset(e.name for e in engines)
+        self._names = names or (lambda: configured)
         self._pod_resources = pod_resources
         self._servers = ServerPids(engines, "nvml")
         self._lineages: dict[int, tuple[int, ...]] = {}
@@ -314,7 +317,8 @@ class NvmlSource:
             return {}
 
     def _engines_of(self, refs: Sequence[PodRef]):
-        return (ref.instance for ref in refs if ref.instance in self._names)
+        names = self._names()
+        return (ref.instance for ref in refs if ref.instance in names)
 
     async def aclose(self, timeout: float = 2.0) -> None:
         """:meth:`close` in the NVML thread, after any sample still running there; bounded by ``timeout``."""

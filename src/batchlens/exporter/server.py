@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
@@ -15,7 +15,8 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batchlens import __version__
-from batchlens.config import Config, parse_listen
+from batchlens.config import Config, Engine, parse_listen
+from batchlens.discovery.kubernetes import DiscoverySource, PodLister, node_name
 from batchlens.exporter.host_source import HostSource
 from batchlens.exporter.kubelet.client import PodResourcesClient
 from batchlens.exporter.nvml_source import NvmlSource
@@ -50,6 +51,16 @@ class Exporter:
         self._body_version = -1
         self._body = b""
         self._nvml: NvmlSource | None = None
+        self._engines: dict[str, VllmSource] = {}  # every engine, configured or discovered, by name
+        self._discovered: dict[str, asyncio.Task[None]] = {}  # a discovered engine's sampler
+        self._parser: ThreadPoolExecutor | None = None
+        # Built here, not at start: a missing extra or API config stops the command with its reason.
+        k8s, socket = config.kubernetes, config.exporter.pod_resources_socket
+        self._node = node_name(k8s, self._environ) if k8s.discover else ""
+        self._lister = PodLister(k8s, self._node) if k8s.discover else None
+        # Asked once per NVML tick, in the NVML thread; a hanging kubelet costs at most this deadline.
+        timeout = min(1.0, config.exporter.timeout_seconds)
+        self._kubelet = PodResourcesClient(socket, timeout) if socket and config.exporter.nvml else None
 
     def _worker(self, name: str) -> ThreadPoolExecutor:
         # One thread per kind of blocking work, no more: every thread gets its own
@@ -58,27 +69,28 @@ class Exporter:
         self._executors.append(executor)
         return executor
 
-    def _sources(self, session: aiohttp.ClientSession) -> list[Source]:
+    def _vllm_source(self, engine: Engine, session: aiohttp.ClientSession) -> VllmSource:
         cfg = self.config.exporter
-        parser = self._worker("parse")
-        engines = [
-            VllmSource(
-                engine,
-                session,
-                parser,
-                timeout=cfg.timeout_seconds,
-                max_response_bytes=cfg.max_response_bytes,
-                environ=self._environ,
-            )
-            for engine in self.config.engines
-        ]
-        sources: list[Source] = list(engines)
+        source = VllmSource(
+            engine,
+            session,
+            self._parser,
+            timeout=cfg.timeout_seconds,
+            max_response_bytes=cfg.max_response_bytes,
+            environ=self._environ,
+        )
+        self._engines[engine.name] = source
+        return source
+
+    def _sources(self, session: aiohttp.ClientSession) -> list[Source]:
+        self._parser = self._worker("parse")
+        sources: list[Source] = [self._vllm_source(engine, session) for engine in self.config.engines]
 
         def models() -> dict[str, str]:
-            return {e.engine.name: e.model_name for e in engines}
+            return {name: e.model_name for name, e in self._engines.items()}
 
         sources += [
-            SimulatedGpuSource(engine, session, timeout=cfg.timeout_seconds, models=models)
+            SimulatedGpuSource(engine, session, timeout=self.config.exporter.timeout_seconds, models=models)
             for engine in self.config.engines
             if engine.simulated_gpu
         ]
@@ -89,15 +101,13 @@ class Exporter:
         if not self.config.exporter.nvml:
             return sources  # no NVML source, so no batchlens_source_up{source="nvml"} 0 to alert on
         # NVML calls go to the driver, which can take its time with a busy or failing GPU.
-        socket = self.config.exporter.pod_resources_socket
-        # Asked once per NVML tick, in the NVML thread; a hanging kubelet costs at most this deadline.
-        kubelet = PodResourcesClient(socket, timeout=min(1.0, self.config.exporter.timeout_seconds)) if socket else None
         self._nvml = NvmlSource(
             self.config.engines,
             self._worker("nvml"),
             nvml=self._nvml_module,
             models=models,
-            pod_resources=kubelet,
+            pod_resources=self._kubelet,
+            names=self._engines.keys,
         )
         sources.append(self._nvml)
         return sources
@@ -107,22 +117,49 @@ class Exporter:
         # Enough connections for two requests (metrics + admin) to every engine at once.
         connector = aiohttp.TCPConnector(limit=max(16, 4 * len(self.config.engines)))
         self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"batchlens/{__version__}"})
-        # A safety net for a stuck sample, not a second timeout: generous enough that a
-        # busy host does not trip it while the sample's own requests still finish.
-        deadline = 2 * cfg.timeout_seconds + max(5.0, cfg.interval_seconds)
         for source in self._sources(self._session):
-            sampler = Sampler(source, self.store, cfg.interval_seconds, deadline)
-            self._tasks.append(asyncio.create_task(sampler.run(), name=f"sampler {describe(source)}"))
+            self._tasks.append(self._sample(source, cfg.interval_seconds))
         names = ", ".join(f"{e.name}={e.url}" for e in self.config.engines) or "none"
         log.info("sampling every %gs; engines: %s", cfg.interval_seconds, names)
+        k8s = self.config.kubernetes
+        if self._lister is not None:
+            self._tasks.append(self._sample(DiscoverySource(self._lister, self._discover), k8s.interval_seconds))
+            where = f"on node {self._node}" if self._node else "on every node"
+            log.info("discovering vLLM pods %s with %s every %gs", where, k8s.selector, k8s.interval_seconds)
+
+    def _sample(self, source: Source, interval: float) -> asyncio.Task[None]:
+        cfg = self.config.exporter
+        # A safety net for a stuck sample, not a second timeout: generous enough that a
+        # busy host does not trip it while the sample's own requests still finish.
+        deadline = 2 * cfg.timeout_seconds + max(5.0, interval)
+        sampler = Sampler(source, self.store, interval, deadline)
+        return asyncio.create_task(sampler.run(), name=f"sampler {describe(source)}")
+
+    def _discover(self, engines: Sequence[Engine]) -> None:
+        """Start sampling the engines that appeared, stop and forget those that went."""
+        wanted = {e.name: e for e in engines if e.name not in {c.name for c in self.config.engines}}
+        for name in self._discovered.keys() - wanted.keys():
+            self._discovered.pop(name).cancel()
+            source = self._engines.pop(name)
+            self.store.forget((source.kind, source.labels))  # its series go with it, not frozen
+            log.info("engine %s is gone: no longer sampled", name)
+        for name in wanted.keys() - self._discovered.keys():
+            assert self._session is not None
+            source = self._vllm_source(wanted[name], self._session)
+            self._discovered[name] = self._sample(source, self.config.exporter.interval_seconds)
+            log.info("engine %s found at %s: sampling it", name, wanted[name].url)
 
     async def stop(self, _app: web.Application | None = None) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._discovered.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self._discovered.clear()
+        if self._lister is not None:
+            await self._lister.aclose()
         if self._nvml is not None:
             await self._nvml.aclose()
         if self._session is not None:

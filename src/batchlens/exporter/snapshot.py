@@ -75,5 +75,13 @@ class SnapshotStore:
         self._states = MappingProxyType(states)
         self._version += 1
 
+    def forget(self, key: SourceKey) -> None:
+        """Drop a source that is gone (a discovered engine whose pod went away)."""
+        if key in self._states:
+            states = dict(self._states)
+            del states[key]
+            self._states = MappingProxyType(states)
+            self._version += 1
+
     def snapshot(self) -> Snapshot:
         return Snapshot(self._version, tuple(self._states.values()))

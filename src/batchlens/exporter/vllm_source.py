@@ -87,7 +87,7 @@ class VllmSource:
         environ: Mapping[str, str],
     ):
         self.engine = engine
-        self.labels = (("vllm_instance", engine.name),)
+        self.labels = (("vllm_instance", engine.name), *sorted(engine.labels.items()))
         self._base = dict(self.labels)
         self._session = session
         self._executor = executor

@@ -41,11 +41,15 @@ def remediate(
     if dry_run:
         overrides["breaker"] = {"dry_run": True}
     config = load_or_fail(config_path, overrides)
-    if not config.engines:
-        raise click.ClickException("no engines configured: the hook needs engines: in the config file")
+    if not config.engines and not config.kubernetes.discover:
+        raise click.ClickException(
+            "no engines configured: the hook needs engines: in the config file, or kubernetes.discover"
+        )
     try:
         serve(config)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {config.remediate.listen}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # a setting that needs what is not there (batchlens[kubernetes], an API server)
+        raise click.ClickException(str(exc)) from None

@@ -31,6 +31,9 @@ from pydantic import ValidationError
 from batchlens import __version__
 from batchlens.config import Config, parse_listen
 from batchlens.control.live import Controller
+from batchlens.discovery.kubernetes import PodLister
+from batchlens.discovery.pods import engines_of
+from batchlens.exporter.sampler import SourceError
 from batchlens.http_server import run_app
 from batchlens.remediation.alertmanager import AlertmanagerClient
 from batchlens.remediation.service import Remediator
@@ -81,6 +84,8 @@ class HookCollector:
                        r.pages)  # fmt: skip
         yield _counter("batchlens_webhook_requests", "Webhook requests, by HTTP status.", ["code"],
                        {(str(k),): v for k, v in self._server.requests.items()})  # fmt: skip
+        yield _counter("batchlens_remediation_discovery_errors", "Failed looks at the vLLM pods, by reason.",
+                       ["reason"], {(k,): v for k, v in self._server.discovery_errors.items()})  # fmt: skip
 
 
 def _controller_families(c: Controller):
@@ -125,6 +130,10 @@ class RemediationServer:
         self._session: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # Every node's vLLM pods; built here so that a missing extra or API config stops the command at once.
+        self._lister = PodLister(config.kubernetes) if config.kubernetes.discover else None
+        self._discovery: asyncio.Task | None = None
+        self.discovery_errors: Counter[str] = Counter()
 
     async def start(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"batchlens/{__version__}"})
@@ -132,6 +141,9 @@ class RemediationServer:
         am = AlertmanagerClient(self._session, am_url) if am_url else None
         self.remediator = Remediator(self.config, self.store, self._session, self.environ, alertmanager=am)
         self.registry.register(HookCollector(self))
+        if self._lister is not None:
+            await self.discover()  # before the first alert: an alert for a pod not yet known is not acted on
+            self._discovery = asyncio.create_task(self._discover_every(), name="discovery")
         self._task = asyncio.create_task(self.remediator.run(self._stop), name="remediator")
         if self.token is None:
             log.error("%s is not set: the webhook answers 503 until it is", self.config.remediate.webhook_token_env)
@@ -140,6 +152,23 @@ class RemediationServer:
             ", ".join(self.remediator.engines) or "none", am_url or "none (pages are logged)",
             self.store.path, self._control_summary(), "; DRY RUN" if self.config.breaker.dry_run else "",
         )  # fmt: skip
+
+    async def discover(self) -> None:
+        """One look at the vLLM pods: a vllm_instance "<namespace>/<pod>" resolves to its pod's admin URL."""
+        assert self._lister is not None and self.remediator is not None
+        try:
+            engines, _ = engines_of(await self._lister.pods(), self.config.kubernetes)
+        except SourceError as exc:
+            if not self.discovery_errors:
+                log.warning("discovery: %s [reason=%s]; the engines found so far stay", exc, exc.reason)
+            self.discovery_errors[exc.reason] += 1
+            return
+        self.remediator.engines_found(engines)
+
+    async def _discover_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.kubernetes.interval_seconds)
+            await self.discover()
 
     def _control_summary(self) -> str:
         c = self.config.control
@@ -151,6 +180,12 @@ class RemediationServer:
 
     async def stop(self, _app: web.Application) -> None:
         self._stop.set()
+        if self._discovery is not None:
+            self._discovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._discovery
+        if self._lister is not None:
+            await self._lister.aclose()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=10)

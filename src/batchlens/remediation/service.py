@@ -24,12 +24,12 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import aiohttp
 
-from batchlens.config import Config
+from batchlens.config import Config, Engine
 from batchlens.control.live import Controller
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
@@ -80,6 +80,8 @@ class Remediator:
         self.alertmanager = alertmanager
         self.engines = {e.name: e for e in config.engines}
         self.admins = {e.name: AdminClient(session, e.url, environ.get(e.admin_token_env)) for e in config.engines}
+        self._configured = frozenset(self.engines)
+        self._environ = environ
         self._session = session
         self.states: dict[str, EngineState] = {name: EngineState() for name in self.engines}
         self.states.update({k: v for k, v in store.states().items() if k in self.engines})
@@ -112,6 +114,25 @@ class Remediator:
             if reason in ("unknown_instance", "missing_vllm_instance", "missing_cluster", "truncated"):
                 log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
         return {"accepted": len(keep), **skipped}
+
+    def engines_found(self, engines: Sequence[Engine]) -> None:
+        """Discovery's engine set: the new ones join with their saved state; the gone leave it saved.
+
+        A pod that comes back under its name (a StatefulSet's) finds its strikes and limits where it left them.
+        """
+        wanted = {e.name: e for e in engines if e.name not in self._configured}
+        for name in self.engines.keys() - self._configured - wanted.keys():
+            for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff):
+                table.pop(name, None)
+            log.info("%s: the pod is gone; its breaker state stays saved", name)
+        saved = self.store.states()
+        for name in wanted.keys() - self.engines.keys():
+            engine = wanted[name]
+            self.engines[name] = engine
+            self.admins[name] = AdminClient(self._session, engine.url, self._environ.get(engine.admin_token_env))
+            self.states[name] = saved.get(name, EngineState())
+            self._apply_backoff[name], self._observe_backoff[name] = Backoff(), Backoff()
+            log.info("%s: found at %s (breaker %s)", name, engine.url, self.states[name].mode)
 
     # --- the worker ------------------------------------------------------------------------------------
 

@@ -77,3 +77,15 @@ keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key"
 {{- if $data -}}{{- $data | b64dec -}}{{- else -}}{{- randAlphaNum 40 -}}{{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* A label selector as kubectl writes it: k=v,k2=v2. */}}
+{{- define "batchlens.selector" -}}
+{{- $terms := list -}}
+{{- range $key, $value := . }}{{ $terms = append $terms (printf "%s=%s" $key $value) }}{{ end -}}
+{{- join "," $terms -}}
+{{- end -}}
+
+{{/* The labels that select the vLLM pods. */}}
+{{- define "batchlens.vllmSelector" -}}
+{{- toJson (.Values.discovery.selector | default (dict "app.kubernetes.io/name" "vllm")) -}}
+{{- end -}}

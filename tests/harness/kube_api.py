@@ -1,0 +1,158 @@
+"""A fake Kubernetes API server and the pods it lists, over real HTTP.
+
+Fake boundary: the API server (none can run here). It answers ``GET /api/v1/pods`` and
+``/api/v1/namespaces/<ns>/pods`` with the JSON shapes the real one sends (a PodList, or a
+Status for an error), and applies ``labelSelector`` and ``fieldSelector`` equality terms,
+as lightkube sends them. Each listed pod with an IP is also a real HTTP server on that
+loopback IP (127.0.0.2, 127.0.0.3, ...) serving a real vLLM 0.32 exposition and the
+plugin's admin API, so the exporter scrapes, and the hook steers, what it discovers.
+Tests change ``pods`` and ``forbidden`` while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from aiohttp import web
+
+from harness.procs import free_port
+
+CAPTURE = Path(__file__).resolve().parent.parent / "data" / "releases" / "vllm-0.32.0-cpu.prom"
+FORBIDDEN = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": 'pods is forbidden: User "system:serviceaccount:batchlens:bl-batchlens" cannot list resource '
+    '"pods" in API group "" at the cluster scope',
+    "reason": "Forbidden",
+    "details": {"kind": "pods"},
+    "code": 403,
+}
+
+
+def pod(name: str, ip: str | None, *, node: str = "gpu-node-a", namespace: str = "serving", labels=None) -> dict:
+    """A pod as the API server returns it: running with an IP, or pending without one."""
+    status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}], "qosClass": "Burstable"}
+    if ip:
+        ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:01:00Z"}
+        status = {"phase": "Running", "hostIP": "10.0.0.5", "podIP": ip, "podIPs": [{"ip": ip}],
+                  "startTime": "2026-12-01T10:00:00Z", "qosClass": "Burstable", "conditions": [ready]}  # fmt: skip
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"0c6a7e1e-{abs(hash(name)) % 10**4:04d}-4c1b-9f0e-5a7d9b1c2e3f",
+            "resourceVersion": "4711",
+            "creationTimestamp": "2026-12-01T10:00:00Z",
+            "labels": labels or {"app.kubernetes.io/name": "vllm"},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "registry.example.com/vllm-batchlens:0.32.0",
+                    "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                }
+            ],
+        },
+        "status": status,
+    }
+
+
+def _matches(item: dict, selector: str, fields: str) -> bool:
+    labels = item["metadata"].get("labels", {})
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    for term in filter(None, fields.split(",")):
+        key, _, value = term.partition("=")
+        if key == "spec.nodeName" and item["spec"].get("nodeName") != value:
+            return False
+    return True
+
+
+class FakeKubernetes:
+    def __init__(self, pod_port: int, admin_token: str = "pod-admin-token") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.pod_port = pod_port
+        self.pods: list[dict] = []
+        self.forbidden = False
+        self.requests: list[str] = []
+        self.admin_token = admin_token
+        self.batch: dict[str, dict] = {}  # pod IP -> its admin API's batch state
+        self._sites: dict[str, web.TCPSite] = {}
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="kube-api", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake API server did not start")
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        api = web.Application()
+        api.router.add_get("/api/v1/pods", self._list)
+        api.router.add_get("/api/v1/namespaces/{namespace}/pods", self._list)
+        self._api = web.AppRunner(api, access_log=None, handle_signals=False)
+        self._loop.run_until_complete(self._api.setup())
+        self._loop.run_until_complete(web.TCPSite(self._api, "127.0.0.1", self.port).start())
+        engine = web.Application()
+        engine.router.add_get("/metrics", self._metrics)
+        engine.router.add_get("/batchlens/v1/batch", self._admin)
+        engine.router.add_put("/batchlens/v1/batch", self._admin)
+        self._engine = web.AppRunner(engine, access_log=None, handle_signals=False)
+        self._loop.run_until_complete(self._engine.setup())
+        ready.set()
+        self._loop.run_forever()
+
+    def serve_pod(self, ip: str) -> None:
+        """Make ``ip`` (a loopback address) answer as a vLLM pod on the pod port."""
+
+        async def start() -> None:
+            site = web.TCPSite(self._engine, ip, self.pod_port)
+            await site.start()
+            self._sites[ip] = site
+            self.batch[ip] = {"max_num_seqs": 64, "max_num_active_seqs": 64, "num_running": 40, "num_waiting": 0}
+
+        asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        self.requests.append(str(request.rel_url))
+        if self.forbidden:
+            return web.json_response(FORBIDDEN, status=403)
+        namespace = request.match_info.get("namespace")
+        selector, fields = request.query.get("labelSelector", ""), request.query.get("fieldSelector", "")
+        items = [
+            p
+            for p in self.pods
+            if (namespace is None or p["metadata"]["namespace"] == namespace) and _matches(p, selector, fields)
+        ]
+        return web.json_response(
+            {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4712"}, "items": items}
+        )
+
+    async def _admin(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.admin_token}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        state = self.batch[request.transport.get_extra_info("sockname")[0]]
+        if request.method == "PUT":
+            state["max_num_active_seqs"] = (await request.json())["max_num_active_seqs"]
+        return web.json_response(state)
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(text=CAPTURE.read_text(), content_type="text/plain")
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self._engine.cleanup()
+            await self._api.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
