@@ -47,8 +47,8 @@ def _drop_tracebacks(exc: BaseException | None) -> None:
 
 
 def describe(source: Source) -> str:
-    inner = ",".join(v for _, v in source.labels)
-    return f"{source.kind}[{inner}]" if inner else source.kind
+    """``vllm[serving/vllm-0]``: the kind and the first label's value (the engine), for logs."""
+    return f"{source.kind}[{source.labels[0][1]}]" if source.labels else source.kind
 
 
 class Sampler:
