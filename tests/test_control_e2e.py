@@ -67,7 +67,13 @@ def test_the_controller_steers_the_simulator_to_a_limit_near_the_oracles(tmp_pat
         in_force = [int(float(v)) for _, v in limits[0]["values"]]
         targets = prometheus.query("batchlens_controller_target_limit")
         board = json.loads((ROOT / "dashboards" / "batchlens-breaker.json").read_text())
-        variables = {"vllm_instance": "sim", "__rate_interval": "5s", "__range": "60s", "__interval": "5s"}
+        variables = {
+            "cluster": ".*",
+            "vllm_instance": "sim",
+            "__rate_interval": "5s",
+            "__range": "60s",
+            "__interval": "5s",
+        }
         empty = [
             panel["title"]
             for panel in walk_panels(board)
