@@ -114,8 +114,10 @@ class Exporter:
 
     async def start(self, _app: web.Application | None = None) -> None:
         cfg = self.config.exporter
-        # Enough connections for two requests (metrics + admin) to every engine at once.
-        connector = aiohttp.TCPConnector(limit=max(16, 4 * len(self.config.engines)))
+        # Enough connections for two requests (metrics + admin) to every engine at once; with discovery the
+        # engines are not known yet, so no cap (each engine still has one request of each kind at a time).
+        limit = 0 if self._lister is not None else max(16, 4 * len(self.config.engines))
+        connector = aiohttp.TCPConnector(limit=limit)
         self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"batchlens/{__version__}"})
         for source in self._sources(self._session):
             self._tasks.append(self._sample(source, cfg.interval_seconds))
