@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from batchlens.config import Engine, Kubernetes
@@ -89,9 +90,7 @@ class DiscoverySource:
     async def sample(self) -> Reading:
         engines, skipped = engines_of(await self._lister.pods(), self._lister.settings)
         self._on_engines(engines)
-        per_namespace: dict[str, int] = {}
-        for engine in engines:
-            per_namespace[engine.labels["namespace"]] = per_namespace.get(engine.labels["namespace"], 0) + 1
+        per_namespace = Counter(engine.labels["namespace"] for engine in engines)
         metric = fam.gauge(
             "batchlens_discovered_engines",
             "vLLM pods found through the Kubernetes API and sampled as engines, by namespace.",

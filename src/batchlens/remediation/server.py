@@ -134,6 +134,7 @@ class RemediationServer:
         self._lister = PodLister(config.kubernetes) if config.kubernetes.discover else None
         self._discovery: asyncio.Task | None = None
         self.discovery_errors: Counter[str] = Counter()
+        self._discovery_failing: str | None = None
 
     async def start(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"batchlens/{__version__}"})
@@ -159,10 +160,14 @@ class RemediationServer:
         try:
             engines, _ = engines_of(await self._lister.pods(), self.config.kubernetes)
         except SourceError as exc:
-            if not self.discovery_errors:
+            if self._discovery_failing != exc.reason:  # once per outage and reason, as the exporter's sampler
                 log.warning("discovery: %s [reason=%s]; the engines found so far stay", exc, exc.reason)
+            self._discovery_failing = exc.reason
             self.discovery_errors[exc.reason] += 1
             return
+        if self._discovery_failing is not None:
+            log.info("discovery: the API answers again")
+            self._discovery_failing = None
         self.remediator.engines_found(engines)
 
     async def _discover_every(self) -> None:

@@ -78,18 +78,21 @@ class Remediator:
         self.store = store
         self.clock = clock
         self.alertmanager = alertmanager
-        self.engines = {e.name: e for e in config.engines}
-        self.admins = {e.name: AdminClient(session, e.url, environ.get(e.admin_token_env)) for e in config.engines}
-        self._configured = frozenset(self.engines)
         self._environ = environ
         self._session = session
-        self.states: dict[str, EngineState] = {name: EngineState() for name in self.engines}
-        self.states.update({k: v for k, v in store.states().items() if k in self.engines})
+        # Per engine, configured or discovered: joined by _join, left by engines_found.
+        self.engines: dict[str, Engine] = {}
+        self.admins: dict[str, AdminClient] = {}
+        self.states: dict[str, EngineState] = {}
+        self._apply_backoff: dict[str, Backoff] = {}
+        self._observe_backoff: dict[str, Backoff] = {}
+        saved = store.states()
+        for engine in config.engines:
+            self._join(engine, saved)
+        self._configured = frozenset(self.engines)
         self.actions: Counter[tuple[str, str, str]] = Counter()  # (instance, action, result)
         self.deliveries: Counter[str] = Counter()  # outcome
         self.pages: Counter[tuple[str, str]] = Counter()  # (reason, result)
-        self._apply_backoff = {name: Backoff() for name in self.engines}
-        self._observe_backoff = {name: Backoff() for name in self.engines}
         self._page_queue: list[Page] = []
         self._page_backoff = Backoff()
         self._kv_reset_at: dict[str, float] = {}
@@ -127,12 +130,16 @@ class Remediator:
             log.info("%s: the pod is gone; its breaker state stays saved", name)
         saved = self.store.states()
         for name in wanted.keys() - self.engines.keys():
-            engine = wanted[name]
-            self.engines[name] = engine
-            self.admins[name] = AdminClient(self._session, engine.url, self._environ.get(engine.admin_token_env))
-            self.states[name] = saved.get(name, EngineState())
-            self._apply_backoff[name], self._observe_backoff[name] = Backoff(), Backoff()
-            log.info("%s: found at %s (breaker %s)", name, engine.url, self.states[name].mode)
+            self._join(wanted[name], saved)
+            log.info("%s: found at %s (breaker %s)", name, wanted[name].url, self.states[name].mode)
+
+    def _join(self, engine: Engine, saved: Mapping[str, EngineState]) -> None:
+        """Steer ``engine`` from now on, from its saved state if it has one."""
+        name = engine.name
+        self.engines[name] = engine
+        self.admins[name] = AdminClient(self._session, engine.url, self._environ.get(engine.admin_token_env))
+        self.states[name] = saved.get(name, EngineState())
+        self._apply_backoff[name], self._observe_backoff[name] = Backoff(), Backoff()
 
     # --- the worker ------------------------------------------------------------------------------------
 
