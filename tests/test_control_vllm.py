@@ -10,6 +10,14 @@ The regime is chosen to be robust on two noisy cores: the load is about 60% of w
 at its capacity, so the default meets the SLO and is the best static limit, and a small limit queues
 through every burst. The controller has to find the capacity's neighbourhood from a cold start, during the
 run, from the engine's own metrics.
+
+The TPOT SLO (40 ms) sits well above the pace of a full batch of 32 on the slowest machine seen. With 20 ms
+it sat right at it on a CI machine (pace 13 ms here, 20-22 ms there): the static limits still met it,
+because without a backlog their batch is rarely full, but the steered run inherits the cold start's backlog,
+runs a full batch, and the law cut for the pace (the exporter saw 30 -> 22, then 32 -> 28 and back, again
+and again) while the queue's TTFT misses took goodput to 0.26 of the best. That trade (the pace of a full
+batch against the queue it leaves) is the regime docs/control.md names as beyond the batch limit alone;
+this test proves the steering, not that.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ CAPACITY, SMALL = 32, 12  # the session server's --max-num-seqs; the static limi
 # queued behind the small limit, and their TTFT misses) is a fixed cost: at 40 s from 8 it alone moved the
 # ratio between 0.75 and 0.99 from run to run on the same code.
 SECONDS, RATE = 60, 10.0
-SLO = ("--slo-ttft", "0.5", "--slo-tpot", "0.02")
+TTFT, TPOT = 0.5, 0.04
+SLO = ("--slo-ttft", str(TTFT), "--slo-tpot", str(TPOT))
 
 
 def judged(trace, server: VllmServer) -> dict:
@@ -74,7 +83,7 @@ def test_the_controller_steers_a_real_vllm_to_the_goodput_of_the_best_static_lim
         engines = [{"name": "cpu", "url": vllm_server.url}]
         control = {"enabled": True, "interval_seconds": 0.5, "drain_seconds": 2, "start_limit": SMALL}
         hook = RemediateProcess(tmp_path, {"engines": engines, "control": control,
-                                           "slo": {"ttft_seconds": 0.5, "tpot_seconds": 0.02}},
+                                           "slo": {"ttft_seconds": TTFT, "tpot_seconds": TPOT}},
                                 env={"BATCHLENS_ADMIN_TOKEN": ADMIN_TOKEN})  # fmt: skip
         config = tmp_path / "exporter.json"
         config.write_text(json.dumps({"engines": engines}))
