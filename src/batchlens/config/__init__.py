@@ -23,7 +23,16 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "BATCHLENS_"
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
@@ -80,6 +89,21 @@ def http_url(value: str, example: str = "http://127.0.0.1:8000") -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+#: The article's stage 2 (docs/routing.md): the bulk of the traffic, latency-sensitive requests, prompts over
+#: the long bound, and arrivals after a quiet spell. One engine may serve several roles.
+ROLES = ("main", "interactive", "long", "cold")
+Role = Literal["main", "interactive", "long", "cold"]
+
+
+def _roles(value: Any) -> Any:
+    """``role: main`` or ``role: [main, cold]``: a role or a list of them, as a tuple without repeats."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list | tuple) and not value:
+        raise ValueError("give at least one role: " + ", ".join(ROLES))
+    return tuple(dict.fromkeys(value)) if isinstance(value, list | tuple) else value
+
+
 class Engine(_Section):
     """One vLLM server (an API server, which may front several engine cores)."""
 
@@ -92,6 +116,9 @@ class Engine(_Section):
     )
     labels: dict[str, str] = Field(
         default_factory=dict, description="more labels on the engine's series (discovery: namespace and pod)"
+    )
+    role: Annotated[tuple[Role, ...], BeforeValidator(_roles)] = Field(
+        ("main",), description="what the router sends it: main, interactive, long or cold, or a list"
     )
 
     @field_validator("url")
@@ -247,6 +274,60 @@ class Links(_Section):
         return http_url(value, "https://grafana.example.com") if value.strip() else ""
 
 
+class Routing(_Section):
+    """Workload-aware routing (the article's stage 2) in front of the engines: docs/routing.md."""
+
+    long_prompt_tokens: int = Field(2048, ge=1, description="a prompt over this many tokens goes to a long engine")
+    latency_header: str = Field(
+        "x-batchlens-latency-class", description="a request header whose value names its latency class"
+    )
+    latency_tag: str = Field("interactive", description="a LiteLLM request tag that marks the interactive class")
+    latency_classes: list[str] = Field(
+        default_factory=lambda: ["interactive"], description="header values that go to an interactive engine"
+    )
+    cold_gap: float | Literal["auto"] = Field(
+        "auto", description="seconds since the previous arrival that make a request cold; auto: the P90 of the gaps"
+    )
+    cold_gap_quantile: float = Field(0.9, gt=0, lt=1, description="the quantile `auto` takes (the article: P90)")
+    cold_gap_window: int = Field(1000, ge=10, description="auto: the quantile of this many most recent gaps")
+    cold_gap_min_gaps: int = Field(50, ge=2, description="auto: below this many gaps nothing is cold yet")
+    fallbacks: dict[Role, list[Role]] = Field(
+        default_factory=lambda: {"main": ["cold"], "interactive": ["main"], "long": ["main"], "cold": ["main"]},
+        description="where a role's requests go when its engines are down or saturated, in order",
+    )
+    priority: dict[Role, int] = Field(
+        default_factory=lambda: {"interactive": 0, "main": 1, "cold": 1, "long": 2},
+        description="vLLM's request priority per role (lower first), for engines on --scheduling-policy priority",
+    )
+    exporter_url: str = Field("http://127.0.0.1:9400", description="the batchlens exporter the signals come from")
+    signals_ttl_seconds: float = Field(1.0, gt=0, le=60, description="signals are read at most this often")
+    signals_stale_seconds: float = Field(
+        15.0, gt=0, description="an engine's signals older than this are unknown: it is neither down nor saturated"
+    )
+    signals_timeout_seconds: float = Field(0.5, gt=0, le=10, description="one read of the exporter's /metrics")
+    kv_saturated: float = Field(0.9, gt=0, le=1, description="KV usage at which an engine counts as saturated")
+
+    @field_validator("exporter_url")
+    @classmethod
+    def _exporter_url(cls, value: str) -> str:
+        return http_url(value, "http://127.0.0.1:9400")
+
+    @field_validator("cold_gap")
+    @classmethod
+    def _gap(cls, value: float | str) -> float | str:
+        if value != "auto" and not value > 0:
+            raise ValueError(f"expected seconds above zero or auto, got {value!r}")
+        return value
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _no_self_fallback(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for role, order in value.items():
+            if role in order:
+                raise ValueError(f"role {role!r} falls back to itself")
+        return value
+
+
 class Config(_Section):
     engines: list[Engine] = Field(default_factory=list)
     exporter: Exporter = Field(default_factory=Exporter)
@@ -257,6 +338,7 @@ class Config(_Section):
     control: Control = Field(default_factory=Control)
     links: Links = Field(default_factory=Links)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
+    routing: Routing = Field(default_factory=Routing)
 
     @model_validator(mode="after")
     def _slo_follows_the_breaker(self) -> Config:

@@ -1,0 +1,7 @@
+"""Workload-aware routing (the article's stage 2): which engine role each request should reach.
+
+The pieces are pure and kept apart, so they can be tested without a proxy:
+``classify`` (request -> role), ``gaps`` (the cold-path threshold), ``signals``
+(the exporter's view of each engine) and ``pick`` (role + signals -> the engines,
+with fallbacks). The LiteLLM plugin that uses them is ``batchlens.routing.litellm``.
+"""

@@ -1,0 +1,218 @@
+"""Routing's pure parts: classification, the cold-path gap, the exporter's signals, and the fallbacks.
+
+No proxy and no server: requests are plain facts, time is given, and the exporter's exposition is rendered
+by prometheus_client with the names and labels the exporter uses (tests/test_exporter_* check the exporter
+renders them so).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from batchlens.config import ConfigError, Routing, load_config
+from batchlens.routing.classify import Request, classify
+from batchlens.routing.gaps import ArrivalGaps
+from batchlens.routing.pick import pick
+from batchlens.routing.signals import DOWN, OK, SATURATED, UNKNOWN, EngineSignal, engine_signals
+
+RULES = Routing()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "role"), [(2047, "main"), (2048, "main"), (2049, "long"), (None, "main"), (0, "main")]
+)
+def test_a_prompt_goes_long_only_over_the_bound(tokens, role) -> None:
+    assert classify(Request(tokens), RULES, cold_gap=None).role == role
+
+
+def test_the_bound_is_the_configured_one() -> None:
+    rules = Routing(long_prompt_tokens=512)
+    assert classify(Request(513), rules, None).role == "long"
+    assert classify(Request(512), rules, None).role == "main"
+
+
+@pytest.mark.parametrize(
+    ("header", "tags", "expected"),
+    [
+        ("interactive", (), ("interactive", "latency_header")),
+        (" Interactive ", (), ("interactive", "latency_header")),  # header values are read loosely
+        ("batch", ("interactive",), ("main", "default")),  # the header said otherwise: the tag does not override
+        (None, ("interactive",), ("interactive", "latency_tag")),
+        (None, ("team-a", "interactive"), ("interactive", "latency_tag")),
+        (None, ("team-a",), ("main", "default")),
+        (None, (), ("main", "default")),
+    ],
+)
+def test_header_before_tag(header, tags, expected) -> None:
+    choice = classify(Request(100, latency_class=header, tags=tags), RULES, None)
+    assert (choice.role, choice.reason) == expected
+
+
+def test_long_wins_over_the_latency_class_and_the_gap() -> None:
+    choice = classify(Request(5000, latency_class="interactive", tags=("interactive",), gap=600), RULES, 1.0)
+    assert (choice.role, choice.reason) == ("long", "long_prompt")
+
+
+def test_interactive_wins_over_the_gap() -> None:
+    assert classify(Request(10, latency_class="interactive", gap=600), RULES, 1.0).role == "interactive"
+
+
+def test_a_fixed_cold_gap() -> None:
+    gaps = ArrivalGaps(Routing(cold_gap=2.0))
+    assert gaps.arrived(100.0) is None  # the first arrival has no gap, and is not cold
+    assert gaps.threshold() == 2.0
+    assert classify(Request(10, gap=gaps.arrived(101.0)), RULES, gaps.threshold()).role == "main"
+    assert classify(Request(10, gap=gaps.arrived(103.0)), RULES, gaps.threshold()).role == "main"  # 2.0 is not over
+    choice = classify(Request(10, gap=gaps.arrived(105.5)), RULES, gaps.threshold())
+    assert (choice.role, choice.reason) == ("cold", "cold_gap")
+
+
+def test_an_auto_cold_gap_is_the_p90_of_the_recent_gaps() -> None:
+    rules = Routing(cold_gap="auto", cold_gap_min_gaps=20, cold_gap_window=100)
+    gaps, now = ArrivalGaps(rules), 0.0
+    gaps.arrived(now)
+    for i in range(19):
+        now += 0.1 * (1 + i % 10)  # gaps 0.1 .. 1.0
+        gaps.arrived(now)
+    assert gaps.threshold() is None  # 19 gaps: too few to judge, nothing is cold yet
+    assert classify(Request(10, gap=30.0), rules, gaps.threshold()).role == "main"
+    now += 0.5
+    gaps.arrived(now)
+    assert gaps.threshold() == pytest.approx(0.9)  # of 0.1 .. 1.0 twice, nine in ten are at most 0.9
+    assert classify(Request(10, gap=1.0), rules, gaps.threshold()).role == "cold"
+    assert classify(Request(10, gap=0.9), rules, gaps.threshold()).role == "main"
+    for _ in range(100):  # the traffic slows: the window forgets the old pace
+        now += 5.0
+        gaps.arrived(now)
+    assert gaps.threshold() == pytest.approx(5.0)
+    assert classify(Request(10, gap=1.0), rules, gaps.threshold()).role == "main"
+
+
+def exposition(engines: dict[str, dict[str, float]]) -> str:
+    registry = CollectorRegistry()
+    names = {
+        "up": ("batchlens_source_up", ("source", "vllm_instance")),
+        "fresh": ("batchlens_source_last_success_timestamp_seconds", ("source", "vllm_instance")),
+        "limit": ("batchlens_batch_limit", ("vllm_instance", "engine")),
+        "running": ("vllm:num_requests_running", ("vllm_instance", "engine")),
+        "waiting": ("vllm:num_requests_waiting", ("vllm_instance", "engine")),
+        "kv": ("vllm:kv_cache_usage_perc", ("vllm_instance", "engine")),
+    }
+    gauges = {key: Gauge(name, "", labels, registry=registry) for key, (name, labels) in names.items()}
+    for instance, figures in engines.items():
+        for key, value in figures.items():
+            labels = ("vllm", instance) if key in ("up", "fresh") else (instance, "0")
+            gauges[key].labels(*labels).set(value)
+    return generate_latest(registry).decode()
+
+
+NOW = 1_800_000_000.0
+
+
+def states(engines: dict[str, dict[str, float]], now: float = NOW) -> dict[str, str]:
+    return {name: s.state(now, RULES) for name, s in engine_signals(exposition(engines)).items()}
+
+
+def test_signals_say_ok_saturated_and_down() -> None:
+    fresh = {"up": 1, "fresh": NOW - 2, "limit": 8, "kv": 0.2}
+    seen = states(
+        {
+            "idle": {**fresh, "running": 0, "waiting": 0},
+            "full": {**fresh, "running": 8, "waiting": 3},
+            "full-no-queue": {**fresh, "running": 8, "waiting": 0},
+            "kv": {**fresh, "running": 2, "waiting": 0, "kv": 0.95},
+            "dead": {"up": 0, "fresh": NOW - 600},
+        }
+    )
+    assert seen == {"idle": OK, "full": SATURATED, "full-no-queue": OK, "kv": SATURATED, "dead": DOWN}
+
+
+def test_stale_or_missing_signals_are_unknown() -> None:
+    seen = states({"old": {"up": 1, "fresh": NOW - 60, "limit": 8, "running": 8, "waiting": 9}})
+    assert seen == {"old": UNKNOWN}  # a full queue a minute ago says nothing now
+    assert engine_signals("") == {}
+    assert EngineSignal().state(NOW, RULES) == UNKNOWN
+
+
+def test_without_the_admin_api_a_queue_alone_is_saturation() -> None:
+    text = exposition({"plain": {"up": 1, "fresh": NOW, "running": 5, "waiting": 1}})
+    signal = engine_signals(text)["plain"]
+    assert math.isnan(signal.limit) and signal.state(NOW, RULES) == SATURATED
+
+
+def test_engine_cores_are_summed() -> None:
+    registry = CollectorRegistry()
+    running = Gauge("vllm:num_requests_running", "", ("vllm_instance", "engine"), registry=registry)
+    limit = Gauge("batchlens_batch_limit", "", ("vllm_instance", "engine"), registry=registry)
+    for core in "01":
+        running.labels("dp", core).set(4)
+        limit.labels("dp", core).set(4)
+    signal = engine_signals(generate_latest(registry).decode())["dp"]
+    assert (signal.running, signal.limit) == (8, 8)
+
+
+ROLES = {"main": ["m1", "m2"], "interactive": ["i1"], "long": ["l1"], "cold": ["c1"]}
+
+
+def test_a_role_with_a_usable_engine_keeps_it() -> None:
+    route = pick("main", ROLES, {"m1": SATURATED, "m2": OK}, RULES)
+    assert (route.role, route.engines, route.fallback) == ("main", ("m2",), "")
+    assert pick("long", ROLES, {}, RULES).engines == ("l1",)  # unknown is not a reason to leave
+
+
+@pytest.mark.parametrize(
+    ("wanted", "states", "expected"),
+    [
+        ("interactive", {"i1": DOWN}, ("main", ("m1", "m2"), DOWN)),
+        ("interactive", {"i1": SATURATED, "m1": DOWN}, ("main", ("m2",), SATURATED)),
+        ("long", {"l1": DOWN}, ("main", ("m1", "m2"), DOWN)),
+        ("main", {"m1": DOWN, "m2": SATURATED}, ("cold", ("c1",), SATURATED)),
+        ("cold", {"c1": DOWN}, ("main", ("m1", "m2"), DOWN)),
+    ],
+)
+def test_fallbacks_in_order(wanted, states, expected) -> None:
+    route = pick(wanted, ROLES, states, RULES)
+    assert (route.role, route.engines, route.fallback) == expected
+
+
+def test_nothing_is_dropped() -> None:
+    every = dict.fromkeys(["m1", "m2", "i1", "l1", "c1"], SATURATED)
+    route = pick("interactive", ROLES, every, RULES)
+    assert (route.role, route.engines, route.fallback) == ("interactive", ("i1",), SATURATED)  # it queues there
+    dead = dict.fromkeys(["m1", "m2", "i1", "l1", "c1"], DOWN)
+    route = pick("interactive", ROLES, dead, RULES)
+    assert set(route.engines) == {"m1", "m2", "i1", "l1", "c1"} and route.fallback == DOWN  # the proxy retries
+    only_long = {**dead, "l1": OK}
+    assert pick("interactive", ROLES, only_long, RULES).engines == ("l1",)
+
+
+def test_a_role_without_engines_falls_back() -> None:
+    route = pick("cold", {"main": ["m1"]}, {}, RULES)
+    assert (route.role, route.engines, route.fallback) == ("main", ("m1",), "no_engine")
+
+
+def test_roles_in_the_config() -> None:
+    config = load_config(
+        overrides={"engines": [{"name": "a", "url": "http://h:1", "role": ["main", "cold"]}, {"url": "http://h:2"}]}
+    )
+    assert [e.role for e in config.engines] == [("main", "cold"), ("main",)]
+    assert config.routing.cold_gap == "auto" and config.routing.long_prompt_tokens == 2048
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"engines": [{"url": "http://h:1", "role": "fast"}]}, "engines.0.role.0: Input should be 'main'"),
+        ({"engines": [{"url": "http://h:1", "role": []}]}, "give at least one role"),
+        ({"routing": {"fallbacks": {"main": ["cold", "main"]}}}, "role 'main' falls back to itself"),
+        ({"routing": {"cold_gap": 0}}, "expected seconds above zero or auto"),
+        ({"routing": {"exporter_url": "exporter:9400"}}, "expected an http(s) URL"),
+    ],
+)
+def test_bad_routing_config_is_named(overrides, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(overrides=overrides, environ={})
