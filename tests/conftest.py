@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from batchlens.admin_api import TOKEN_ENV
+from harness.litellm import install_batchlens
 from harness.procs import Process, free_port, start_server_with_child
 from harness.upstreams import Upstreams
 from harness.vllm import ADMIN_TOKEN, RELEASE_CAPTURES, VllmServer, install_plugin, release_of, start_vllm
@@ -38,6 +39,12 @@ def distributions(tmp_path_factory: pytest.TempPathFactory) -> Distributions:
 def vllm_plugin_env(tmp_path_factory: pytest.TempPathFactory, distributions: Distributions) -> dict[str, str]:
     """The environment that loads the batchlens plugin (pip-installed from the built wheel) into vLLM."""
     return install_plugin(distributions.wheel, tmp_path_factory.mktemp("plugin") / "site")
+
+
+@pytest.fixture(scope="session")
+def litellm_env(tmp_path_factory: pytest.TempPathFactory, distributions: Distributions) -> dict[str, str]:
+    """The environment that loads batchlens (pip-installed from the built wheel) into the LiteLLM proxy."""
+    return install_batchlens(distributions.wheel, tmp_path_factory.mktemp("litellm") / "site")
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,20 @@ renders them so).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from batchlens.config import ConfigError, Routing, load_config
+from batchlens.config import Config, ConfigError, Routing, load_config
 from batchlens.routing.classify import Request, classify
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.pick import pick
+from batchlens.routing.proxy_config import ProxyConfigError, litellm_config
+from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
+from batchlens.routing.router import Router
 from batchlens.routing.signals import DOWN, OK, SATURATED, UNKNOWN, EngineSignal, engine_signals
 
 RULES = Routing()
@@ -216,3 +220,109 @@ def test_roles_in_the_config() -> None:
 def test_bad_routing_config_is_named(overrides, message) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(overrides=overrides, environ={})
+
+
+def count_words(model: str = "", text: str | None = None, messages: list | None = None) -> int:
+    """A stand-in for LiteLLM's token_counter with the same keywords: one token per word."""
+    if messages is not None:
+        return sum(len(str(m.get("content", "")).split()) for m in messages)
+    return len((text or "").split())
+
+
+@pytest.mark.parametrize(
+    ("data", "tokens"),
+    [
+        ({"prompt": list(range(2048))}, 2048),  # token ids: exact
+        ({"prompt": list(range(2049))}, 2049),
+        ({"prompt": [[1, 2], list(range(10))]}, 10),  # a batch of prompts: the longest decides
+        ({"prompt": "a b c"}, 3),
+        ({"prompt": ["a b", "a b c d"]}, 4),
+        ({"messages": [{"role": "user", "content": "a b"}, {"role": "user", "content": "c"}]}, 3),
+        ({}, None),
+        ({"prompt": []}, None),
+    ],
+)
+def test_prompt_tokens_of_a_proxy_request(data, tokens) -> None:
+    assert prompt_tokens(data, count_words) == tokens
+
+
+def test_token_ids_at_the_bound_classify_exactly() -> None:
+    at, over = (prompt_tokens({"prompt": list(range(n))}, count_words) for n in (2048, 2049))
+    assert classify(Request(at), RULES, None).role == "main" and classify(Request(over), RULES, None).role == "long"
+
+
+def test_request_tags_from_metadata_body_and_header() -> None:
+    data = {"metadata": {"tags": ["a"]}, "tags": ["b", "a"]}
+    assert request_tags(data, {"x-litellm-tags": "c, d,"}) == ("a", "b", "c", "d")
+    assert request_tags({"metadata": None, "tags": "not-a-list"}, {}) == ()
+    assert headers_of({"proxy_server_request": {"headers": {"X-Batchlens-Latency-Class": "interactive"}}}) == {
+        "x-batchlens-latency-class": "interactive"
+    }
+    assert headers_of({}) == {}
+
+
+def routed_config(**routing) -> Config:
+    return load_config(
+        overrides={
+            "routing": {"model": "m", "exporter_url": "http://127.0.0.1:9", **routing},
+            "engines": [
+                {"name": "a", "url": "http://127.0.0.1:8001", "role": "main", "scheduling_policy": "priority"},
+                {"name": "b", "url": "http://127.0.0.1:8002", "role": ["interactive", "cold"],
+                 "scheduling_policy": "priority"},
+                {"name": "c", "url": "http://127.0.0.1:8003", "role": "long", "max_model_len": 8192},
+            ],
+        },
+        environ={},
+    )  # fmt: skip
+
+
+def test_the_proxy_config_tags_each_engine_and_keeps_a_fallback_group() -> None:
+    generated = litellm_config(routed_config())
+    routed = [d for d in generated["model_list"] if d["model_name"] == "m"]
+    spares = [d for d in generated["model_list"] if d["model_name"] == "m-fallback"]
+    assert [d["litellm_params"]["tags"] for d in routed] == [
+        ["batchlens-engine:a", "batchlens-role:main"],
+        ["batchlens-engine:b", "batchlens-role:interactive", "batchlens-role:cold"],
+        ["batchlens-engine:c", "batchlens-role:long"],
+    ]
+    assert [d["litellm_params"]["api_base"] for d in spares] == [d["litellm_params"]["api_base"] for d in routed]
+    assert all(d["litellm_params"]["tags"] == ["default"] for d in spares)
+    assert [d["model_info"].get("max_input_tokens") for d in routed] == [None, None, 8192]
+    assert generated["router_settings"]["fallbacks"] == [{"m": ["m-fallback"]}]
+    assert "batchlens.routing.litellm_proxy.routing" in generated["litellm_settings"]["callbacks"]
+    assert generated["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"  # never the key itself
+
+
+def test_a_proxy_config_needs_a_model_and_engines() -> None:
+    with pytest.raises(ProxyConfigError, match=r"routing\.model is not set"):
+        litellm_config(load_config(overrides={"engines": [{"url": "http://h:1"}]}, environ={}))
+    with pytest.raises(ProxyConfigError, match="no engines"):
+        litellm_config(load_config(overrides={"routing": {"model": "m"}}, environ={}))
+
+
+def test_the_router_without_its_exporter_routes_by_role_and_counts_it() -> None:
+    registry = CollectorRegistry()
+    router = Router(routed_config(), registry=registry)
+
+    async def run() -> list:
+        try:
+            return [
+                await router.decide(10, "interactive", ()),
+                await router.decide(3000, None, ()),
+                await router.decide(10, None, ("team",)),
+            ]
+        finally:
+            await router.signals.close()
+
+    interactive, long, main = asyncio.run(run())
+    assert (interactive.route.role, interactive.tags, interactive.priority) == (
+        "interactive",
+        ["batchlens-engine:b"],
+        0,
+    )
+    assert (long.route.engines, long.priority) == (("c",), None)  # c schedules first come, first served
+    assert (main.route.engines, main.priority) == (("a",), 1)
+    assert registry.get_sample_value("batchlens_routing_signal_errors_total", {"reason": "connect"}) >= 1
+    assert registry.get_sample_value("batchlens_routing_signals_up") == 0
+    labels = {"wanted": "long", "reason": "long_prompt", "role": "long", "fallback": ""}
+    assert registry.get_sample_value("batchlens_routing_decisions_total", labels) == 1

@@ -120,6 +120,12 @@ class Engine(_Section):
     role: Annotated[tuple[Role, ...], BeforeValidator(_roles)] = Field(
         ("main",), description="what the router sends it: main, interactive, long or cold, or a list"
     )
+    max_model_len: int | None = Field(
+        None, ge=1, description="vLLM's --max-model-len: the router's context-window check sends no longer prompt"
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs", description="vLLM's --scheduling-policy; priority: the router gives each request its role's priority"
+    )
 
     @field_validator("url")
     @classmethod
@@ -277,6 +283,9 @@ class Links(_Section):
 class Routing(_Section):
     """Workload-aware routing (the article's stage 2) in front of the engines: docs/routing.md."""
 
+    model: str = Field(
+        "", description="the model name clients ask the proxy for and the engines serve (--served-model-name)"
+    )
     long_prompt_tokens: int = Field(2048, ge=1, description="a prompt over this many tokens goes to a long engine")
     latency_header: str = Field(
         "x-batchlens-latency-class", description="a request header whose value names its latency class"

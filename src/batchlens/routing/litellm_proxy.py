@@ -1,0 +1,85 @@
+"""The batchlens routing plugin for the LiteLLM proxy (LiteLLM 1.106.12; ``make litellm-env``).
+
+Enable it in the proxy's config (``batchlens build`` writes that config: see
+docs/routing.md)::
+
+    litellm_settings:
+      callbacks: ["prometheus", "batchlens.routing.litellm_proxy.routing"]
+    router_settings:
+      enable_tag_filtering: true
+
+It is a proxy pre-call hook, LiteLLM's interface for changing a request
+before it is routed. For each request it picks a role (batchlens.routing),
+then adds the tags of that role's usable engines to the request, and LiteLLM's
+own tag filtering sends it to one of them. Each engine's deployment carries
+the tag ``batchlens-engine:<name>``. LiteLLM's newer routing plugins
+(``router_settings.plugins``) cannot do this: they narrow candidates by
+``litellm_params.model``, which is the same string for every engine serving
+one model, and the metadata they see is a copy.
+
+vLLM's request ``priority`` goes in ``extra_body``: LiteLLM takes a top-level
+``priority`` for its own scheduler queue and does not forward it.
+
+The configuration comes from ``BATCHLENS_CONFIG`` (engines with their roles,
+and the ``routing`` section). Any failure inside the hook is logged and
+counted (``batchlens_routing_errors_total``) and the request goes on as
+LiteLLM would route it: the plugin never fails a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from batchlens.config import load_config
+from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
+from batchlens.routing.router import Router
+
+log = logging.getLogger("batchlens.routing")
+if not logging.getLogger().handlers and not log.handlers:
+    # LiteLLM configures only its own loggers: without this, the plugin's INFO lines (its roles at start, the
+    # exporter readable again) would never reach the proxy's log.
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+#: LiteLLM's call types for generation; other calls pass untouched.
+GENERATION_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+
+
+class BatchlensRouting(CustomLogger):
+    def __init__(self, router: Router | None = None, count_text=None):
+        super().__init__()
+        self.router = router or Router(load_config(os.environ.get("BATCHLENS_CONFIG") or None))
+        if count_text is None:
+            from litellm import token_counter as count_text  # LiteLLM's counter: the model's, or tiktoken's
+        self._count_text = count_text
+        roles = "; ".join(f"{role}: {', '.join(names) or 'none'}" for role, names in self.router.roles.items())
+        if not self.router.engines:
+            log.warning("batchlens routing: no engines in BATCHLENS_CONFIG: requests go on unrouted")
+        log.info("batchlens routing: %s; signals from %s", roles, self.router.rules.exporter_url)
+
+    async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type: str):
+        if call_type not in GENERATION_CALLS:
+            return data
+        try:
+            headers = headers_of(data)
+            decision = await self.router.decide(
+                prompt_tokens(data, self._count_text),
+                headers.get(self.router.rules.latency_header.lower()),
+                request_tags(data, headers),
+            )
+        except Exception:  # the plugin must never fail a request: route it as LiteLLM would
+            self.router.metrics.errors.inc()
+            log.exception("batchlens routing failed for one request; it goes on unrouted")
+            return data
+        metadata = data.setdefault("metadata", {})
+        metadata["tags"] = [*(metadata.get("tags") or []), *decision.tags]
+        if decision.priority is not None:
+            data["extra_body"] = {**(data.get("extra_body") or {}), "priority": decision.priority}
+        return data
+
+
+routing = BatchlensRouting()

@@ -1,0 +1,45 @@
+"""What the router needs from a LiteLLM proxy request (the ``data`` dict its hooks get). Pure.
+
+The prompt's length, the headers, and the LiteLLM tags, wherever the client put them. Token ids (what
+``batchlens load`` and ``replay`` send) are counted exactly; text is counted by the function given, which
+in the proxy is LiteLLM's ``token_counter``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LITELLM_TAGS_HEADER = "x-litellm-tags"
+
+
+def prompt_tokens(data: dict[str, Any], count_text) -> int | None:
+    """The prompt's length in tokens: exact for token ids; else ``count_text`` on the text; None: no prompt."""
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return max(len(p) for p in prompt)
+    if isinstance(prompt, str):
+        return count_text(model=data.get("model", ""), text=prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        return max(count_text(model=data.get("model", ""), text=p) for p in prompt)
+    messages = data.get("messages")
+    if isinstance(messages, list) and messages:
+        return count_text(model=data.get("model", ""), messages=messages)
+    return None
+
+
+def headers_of(data: dict[str, Any]) -> dict[str, str]:
+    raw = (data.get("proxy_server_request") or {}).get("headers") or {}
+    return {str(k).lower(): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def request_tags(data: dict[str, Any], headers: dict[str, str]) -> tuple[str, ...]:
+    """The request's LiteLLM tags, wherever the client put them: metadata, the body, or the header."""
+    metadata = data.get("metadata") or {}
+    found: list[str] = []
+    for tags in (metadata.get("tags") if isinstance(metadata, dict) else None, data.get("tags")):
+        if isinstance(tags, list):
+            found.extend(str(t) for t in tags)
+    found.extend(t.strip() for t in headers.get(LITELLM_TAGS_HEADER, "").split(",") if t.strip())
+    return tuple(dict.fromkeys(found))

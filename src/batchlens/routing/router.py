@@ -1,0 +1,162 @@
+"""The routing decision for one request, with the live signals it rests on and the counters that show it.
+
+Framework-neutral: the LiteLLM adapter (``batchlens.routing.litellm``) turns a
+proxy request into :class:`~batchlens.routing.classify.Request` facts and the
+returned :class:`Decision` into LiteLLM's tags and vLLM's priority. The
+exporter is read at most every ``signals_ttl_seconds``, with a short timeout;
+while it cannot be read every engine is ``unknown`` and requests go where
+their role says (signals only ever move traffic away from an engine, so
+their absence must not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from batchlens.config import ROLES, Config, Engine
+from batchlens.routing.classify import Choice, Request, classify
+from batchlens.routing.gaps import ArrivalGaps
+from batchlens.routing.pick import Route, pick
+from batchlens.routing.signals import EngineSignal, engine_signals
+
+log = logging.getLogger("batchlens.routing")
+ENGINE_TAG = "batchlens-engine:"  # the tag that names one engine's deployment in the proxy config
+
+
+def engine_tag(engine: Engine) -> str:
+    return ENGINE_TAG + engine.name
+
+
+@dataclass(frozen=True)
+class Decision:
+    choice: Choice  # the role the request wanted, and why
+    route: Route  # where it goes
+    priority: int | None  # vLLM's request priority; None: not every engine of the route schedules by priority
+
+    @property
+    def tags(self) -> list[str]:
+        return [ENGINE_TAG + name for name in self.route.engines]
+
+
+class RoutingMetrics:
+    def __init__(self, registry: CollectorRegistry = REGISTRY):
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        self.decisions = counter(
+            "batchlens_routing_decisions",
+            "Requests routed, by the role they wanted, why, and the role they got "
+            "(fallback: why the wanted role was left; empty when it was not).",
+            ("wanted", "reason", "role", "fallback"),
+        )
+        self.signal_errors = counter(
+            "batchlens_routing_signal_errors", "Failed reads of the exporter's signals, by reason.", ("reason",)
+        )
+        self.errors = counter(
+            "batchlens_routing_errors", "Requests the routing plugin could not route (they went on unrouted)."
+        )
+        self.signals_up = Gauge(
+            "batchlens_routing_signals_up",
+            "1 when the last read of the exporter's signals succeeded.",
+            registry=registry,
+        )
+        self.cold_gap = Gauge(
+            "batchlens_routing_cold_gap_seconds",
+            "The cold-path threshold in force (NaN: auto, too few gaps yet).",
+            registry=registry,
+        )
+        for role in ROLES:  # every role's series from the start, so rates and alerts see the first request
+            self.decisions.labels(role, "default" if role == "main" else _REASON[role], role, "")
+
+
+_REASON = {"long": "long_prompt", "interactive": "latency_header", "cold": "cold_gap"}
+
+
+class SignalCache:
+    """The exporter's /metrics, read at most once per ``ttl`` seconds; failures counted and logged once each."""
+
+    def __init__(self, url: str, ttl: float, timeout: float, metrics: RoutingMetrics):
+        self._url, self._ttl, self._timeout, self._metrics = url + "/metrics", ttl, timeout, metrics
+        self._read_at = -math.inf
+        self._signals: dict[str, EngineSignal] = {}
+        self._lock = asyncio.Lock()
+        self._failing: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def signals(self) -> dict[str, EngineSignal]:
+        if time.monotonic() - self._read_at < self._ttl:
+            return self._signals
+        async with self._lock:  # one read for all the requests that arrive while it is under way
+            if time.monotonic() - self._read_at >= self._ttl:
+                self._signals = await self._read()
+                self._read_at = time.monotonic()
+        return self._signals
+
+    async def _read(self) -> dict[str, EngineSignal]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        try:
+            timeout = aiohttp.ClientTimeout(total=self._timeout)
+            async with self._session.get(self._url, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return self._failed(f"http_{resp.status}", f"HTTP {resp.status}")
+                text = await resp.text(errors="replace")
+        except TimeoutError:
+            return self._failed("timeout", f"no answer within {self._timeout:g} s")
+        except aiohttp.ClientError as exc:
+            return self._failed("connect", str(exc) or type(exc).__name__)
+        signals = engine_signals(text)
+        if self._failing is not None:
+            log.info("exporter signals readable again at %s (%d engines)", self._url, len(signals))
+        self._failing = None
+        self._metrics.signals_up.set(1)
+        return signals
+
+    def _failed(self, reason: str, detail: str) -> dict[str, EngineSignal]:
+        self._metrics.signal_errors.labels(reason).inc()
+        self._metrics.signals_up.set(0)
+        if self._failing != reason:
+            log.warning("cannot read the exporter's signals at %s: %s; routing by role alone until it answers",
+                        self._url, detail)  # fmt: skip
+        self._failing = reason
+        return {}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class Router:
+    def __init__(self, config: Config, *, registry: CollectorRegistry = REGISTRY,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):  # fmt: skip
+        self.rules = config.routing
+        self.engines = list(config.engines)
+        self.roles = {role: [e.name for e in self.engines if role in e.role] for role in ROLES}
+        self._priority_engines = {e.name for e in self.engines if e.scheduling_policy == "priority"}
+        self.metrics = RoutingMetrics(registry)
+        self.gaps = ArrivalGaps(self.rules)
+        self.signals = SignalCache(self.rules.exporter_url, self.rules.signals_ttl_seconds,
+                                   self.rules.signals_timeout_seconds, self.metrics)  # fmt: skip
+        self._clock, self._wall = clock, wall
+
+    async def decide(self, tokens: int | None, latency_class: str | None, tags: tuple[str, ...]) -> Decision:
+        gap = self.gaps.arrived(self._clock())
+        threshold = self.gaps.threshold()
+        self.metrics.cold_gap.set(math.nan if threshold is None else threshold)
+        choice = classify(Request(tokens, latency_class, tags, gap), self.rules, threshold)
+        now = self._wall()
+        states = {name: s.state(now, self.rules) for name, s in (await self.signals.signals()).items()}
+        route = pick(choice.role, self.roles, states, self.rules)
+        self.metrics.decisions.labels(choice.role, choice.reason, route.role, route.fallback).inc()
+        priority = self.rules.priority.get(choice.role)
+        if not route.engines or not set(route.engines) <= self._priority_engines:
+            priority = None  # vLLM refuses a priority from a client unless it runs --scheduling-policy priority
+        return Decision(choice, route, priority)

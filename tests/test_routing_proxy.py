@@ -1,0 +1,105 @@
+"""The routing plugin inside a real LiteLLM proxy (make litellm-env), in front of three simulator engines.
+
+Real: the LiteLLM proxy (1.106.12) with the config batchlens generates, the plugin from the built wheel,
+the batchlens exporter it reads its signals from, and HTTP between all of them. Fake: the engines are
+batchlens simulators (no GPU here); each counts the requests it served (vllm:request_success_total), which
+is how the test sees where LiteLLM sent each one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import yaml
+
+from batchlens.config import load_config
+from batchlens.routing.proxy_config import litellm_config
+from harness.exporter import ExporterProcess, one, parse_samples, pick
+from harness.litellm import LitellmProxy
+from harness.procs import http_get, wait_until
+from harness.simulator import SIM_TOKEN, SimulatorProcess
+
+pytestmark = [pytest.mark.litellm, pytest.mark.slow]
+LONG = " hello" * 3000  # over 2048 tokens by any tokenizer (LiteLLM counts text with tiktoken's cl100k here)
+
+
+def served(engine: SimulatorProcess) -> float:
+    status, body = http_get(engine.url + "/metrics")
+    assert status == 200, f"{engine.url}/metrics answered {status}"
+    return sum(pick(parse_samples(body.decode()), "vllm:request_success_total").values())
+
+
+def decisions(proxy: LitellmProxy) -> dict[tuple[str, str, str, str], float]:
+    found = pick(parse_samples(proxy.metrics()), "batchlens_routing_decisions_total")
+    return {tuple(dict(k)[n] for n in ("wanted", "reason", "role", "fallback")): v for k, v in found.items() if v}
+
+
+@pytest.fixture
+def stack(tmp_path, litellm_env):
+    engines = {name: SimulatorProcess(tmp_path, speed=20) for name in ("main", "fast", "long")}
+    roles = {"main": "main", "fast": ["interactive", "cold"], "long": "long"}
+    exporter = ExporterProcess(tmp_path, [f"{n}={e.url}" for n, e in engines.items()], interval=0.25,
+                               env={"BATCHLENS_ADMIN_TOKEN": SIM_TOKEN})  # fmt: skip
+    config = {
+        "engines": [{"name": n, "url": e.url, "role": roles[n], **({"max_model_len": 8192} if n == "long" else {})}
+                    for n, e in engines.items()],
+        "routing": {"model": "deepseek-sim", "exporter_url": exporter.url, "signals_ttl_seconds": 0.2,
+                    "cold_gap": 3.0},
+    }  # fmt: skip
+    path = tmp_path / "batchlens.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proxy = LitellmProxy(tmp_path, litellm_config(load_config(path, environ={})), path, litellm_env)
+    try:
+        yield engines, exporter, proxy
+    finally:
+        proxy.stop()
+        exporter.stop()
+        for engine in engines.values():
+            engine.stop()
+
+
+def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> None:
+    engines, exporter, proxy = stack
+    proxy.complete("hello")  # the first arrival: no gap yet
+    for _ in range(3):
+        proxy.complete("hello")  # main
+    proxy.complete("hello", headers={"x-batchlens-latency-class": "interactive"})
+    proxy.complete("hello", tags=["interactive"])
+    proxy.complete("hello", headers={"x-batchlens-latency-class": "batch"}, tags=["interactive"])  # header wins: main
+    proxy.complete(LONG)
+    time.sleep(3.5)
+    proxy.complete("hello")  # after a quiet spell: cold, which the fast engine serves
+    assert {n: served(e) for n, e in engines.items()} == {"main": 5, "fast": 3, "long": 1}
+    assert decisions(proxy) == {
+        ("main", "default", "main", ""): 5,
+        ("interactive", "latency_header", "interactive", ""): 1,
+        ("interactive", "latency_tag", "interactive", ""): 1,
+        ("long", "long_prompt", "long", ""): 1,
+        ("cold", "cold_gap", "cold", ""): 1,
+    }
+
+    # The exporter hangs (SIGSTOP) and the fast engine dies: the plugin's read times out, so the engine's
+    # state is unknown and the role stands; LiteLLM finds the engine dead and its fallback group (every
+    # engine) serves the request. Nothing is lost.
+    os.kill(exporter.process.pid, signal.SIGSTOP)
+    try:
+        engines["fast"].stop()
+        time.sleep(0.3)  # past the plugin's signal cache
+        proxy.complete("hello", headers={"x-batchlens-latency-class": "interactive"})
+    finally:
+        os.kill(exporter.process.pid, signal.SIGCONT)
+    after = parse_samples(proxy.metrics())
+    assert one(after, "batchlens_routing_signal_errors_total", reason="timeout") >= 1
+    assert decisions(proxy)[("interactive", "latency_header", "interactive", "")] == 2
+    # Once the exporter says the engine is down, interactive requests fall back to main, and say so.
+    wait_until(lambda: one(exporter.samples(), "batchlens_source_up", vllm_instance="fast") == 0, timeout=10,
+               what="the exporter to see the fast engine down")  # fmt: skip
+    time.sleep(0.3)
+    for _ in range(3):
+        proxy.complete("hello", headers={"x-batchlens-latency-class": "interactive"})
+    assert served(engines["main"]) + served(engines["long"]) == 5 + 1 + 1 + 3
+    assert decisions(proxy)[("interactive", "latency_header", "main", "down")] == 3
+    assert one(parse_samples(proxy.metrics()), "batchlens_routing_signals_up") == 1
