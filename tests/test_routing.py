@@ -315,11 +315,8 @@ def test_the_router_without_its_exporter_routes_by_role_and_counts_it() -> None:
             await router.signals.close()
 
     interactive, long, main = asyncio.run(run())
-    assert (interactive.route.role, interactive.tags, interactive.priority) == (
-        "interactive",
-        ["batchlens-engine:b"],
-        0,
-    )
+    assert (interactive.route.role, interactive.priority) == ("interactive", 0)
+    assert interactive.tags == ["batchlens-wanted:interactive", "batchlens-engine:b"]
     assert (long.route.engines, long.priority) == (("c",), None)  # c schedules first come, first served
     assert (main.route.engines, main.priority) == (("a",), 1)
     assert registry.get_sample_value("batchlens_routing_signal_errors_total", {"reason": "connect"}) >= 1

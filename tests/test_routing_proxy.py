@@ -37,6 +37,12 @@ def decisions(proxy: LitellmProxy) -> dict[tuple[str, str, str, str], float]:
     return {tuple(dict(k)[n] for n in ("wanted", "reason", "role", "fallback")): v for k, v in found.items() if v}
 
 
+def answered(proxy: LitellmProxy) -> dict[str, float]:
+    """Requests LiteLLM reported answered, by the role they wanted (the count of the plugin's TTFT histogram)."""
+    found = pick(parse_samples(proxy.metrics()), "batchlens_routing_time_to_first_token_seconds_count")
+    return {dict(k)["wanted"]: v for k, v in found.items() if v}
+
+
 @pytest.fixture
 def stack(tmp_path, litellm_env):
     engines = {name: SimulatorProcess(tmp_path, speed=20) for name in ("main", "fast", "long")}
@@ -80,6 +86,7 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
         ("long", "long_prompt", "long", ""): 1,
         ("cold", "cold_gap", "cold", ""): 1,
     }
+    assert answered(proxy) == {"main": 5, "interactive": 2, "long": 1, "cold": 1}
 
     # The exporter hangs (SIGSTOP) and the fast engine dies: the plugin's read times out, so the engine's
     # state is unknown and the role stands; LiteLLM finds the engine dead and its fallback group (every
@@ -102,4 +109,7 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
         proxy.complete("hello", headers={"x-batchlens-latency-class": "interactive"})
     assert served(engines["main"]) + served(engines["long"]) == 5 + 1 + 1 + 3
     assert decisions(proxy)[("interactive", "latency_header", "main", "down")] == 3
-    assert one(parse_samples(proxy.metrics()), "batchlens_routing_signals_up") == 1
+    final = parse_samples(proxy.metrics())
+    assert one(final, "batchlens_routing_signals_up") == 1
+    assert answered(proxy)["interactive"] == 2 + 1 + 3
+    assert sum(pick(final, "batchlens_routing_failures_total").values()) == 0

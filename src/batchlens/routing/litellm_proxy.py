@@ -35,7 +35,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from batchlens.config import load_config
 from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
-from batchlens.routing.router import Router
+from batchlens.routing.router import Router, wanted_of
 
 log = logging.getLogger("batchlens.routing")
 if not logging.getLogger().handlers and not log.handlers:
@@ -80,6 +80,23 @@ class BatchlensRouting(CustomLogger):
         if decision.priority is not None:
             data["extra_body"] = {**(data.get("extra_body") or {}), "priority": decision.priority}
         return data
+
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
+        """A call answered: its TTFT, by class, from LiteLLM's record of it (its StandardLoggingPayload)."""
+        payload = kwargs.get("standard_logging_object") or {}
+        wanted = wanted_of(payload.get("request_tags"))
+        start, first = payload.get("startTime"), payload.get("completionStartTime")
+        if wanted and isinstance(start, int | float) and isinstance(first, int | float) and first >= start:
+            self.router.metrics.ttft.labels(wanted).observe(first - start)
+
+    async def async_post_call_failure_hook(self, request_data, original_exception, user_api_key_dict,
+                                           traceback_str=None):  # fmt: skip
+        """The proxy answers a client with an error, after every retry and fallback (a failed attempt that a
+        fallback then served is not a failure to the client, and LiteLLM's per-attempt failure event would
+        count it)."""
+        wanted = wanted_of((request_data.get("metadata") or {}).get("tags"))
+        if wanted:
+            self.router.metrics.failures.labels(wanted).inc()
 
 
 routing = BatchlensRouting()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from batchlens.config import ROLES, Config, Engine
 from batchlens.routing.classify import Choice, Request, classify
@@ -29,6 +29,11 @@ from batchlens.routing.signals import EngineSignal, engine_signals
 
 log = logging.getLogger("batchlens.routing")
 ENGINE_TAG = "batchlens-engine:"  # the tag that names one engine's deployment in the proxy config
+#: The request's class, as a tag no deployment carries (so it never changes where LiteLLM sends it): what the
+#: latency histogram is labelled by when LiteLLM reports the request done.
+WANTED_TAG = "batchlens-wanted:"
+#: TTFT buckets: the article's 100-200 ms interactive class to a queue of minutes.
+TTFT_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 def engine_tag(engine: Engine) -> str:
@@ -43,7 +48,7 @@ class Decision:
 
     @property
     def tags(self) -> list[str]:
-        return [ENGINE_TAG + name for name in self.route.engines]
+        return [WANTED_TAG + self.choice.role, *(ENGINE_TAG + name for name in self.route.engines)]
 
 
 class RoutingMetrics:
@@ -63,6 +68,15 @@ class RoutingMetrics:
         self.errors = counter(
             "batchlens_routing_errors", "Requests the routing plugin could not route (they went on unrouted)."
         )
+        self.ttft = Histogram(
+            "batchlens_routing_time_to_first_token_seconds",
+            "Time to the first token of routed requests at the proxy, by the role they wanted (for a request not "
+            "streamed, the whole request).",
+            ("wanted",), buckets=TTFT_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.failures = counter(
+            "batchlens_routing_failures", "Routed requests that failed after every retry and fallback.", ("wanted",)
+        )
         self.signals_up = Gauge(
             "batchlens_routing_signals_up",
             "1 when the last read of the exporter's signals succeeded.",
@@ -75,9 +89,17 @@ class RoutingMetrics:
         )
         for role in ROLES:  # every role's series from the start, so rates and alerts see the first request
             self.decisions.labels(role, "default" if role == "main" else _REASON[role], role, "")
+            self.ttft.labels(role)
+            self.failures.labels(role)
 
 
 _REASON = {"long": "long_prompt", "interactive": "latency_header", "cold": "cold_gap"}
+
+
+def wanted_of(tags: list | None) -> str | None:
+    """The role a finished request wanted, from the tags the router gave it; None: not routed by batchlens."""
+    found = (t.removeprefix(WANTED_TAG) for t in tags or () if isinstance(t, str) and t.startswith(WANTED_TAG))
+    return next((role for role in found if role in ROLES), None)
 
 
 class SignalCache:
