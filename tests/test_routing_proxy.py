@@ -19,7 +19,7 @@ from batchlens.config import load_config
 from batchlens.routing.proxy_config import litellm_config
 from harness.exporter import ExporterProcess, one, parse_samples, pick
 from harness.litellm import LitellmProxy
-from harness.procs import http_get, wait_until
+from harness.procs import free_port, http_get, wait_until
 from harness.simulator import SIM_TOKEN, SimulatorProcess
 
 pytestmark = [pytest.mark.litellm, pytest.mark.slow]
@@ -47,17 +47,17 @@ def answered(proxy: LitellmProxy) -> dict[str, float]:
 def stack(tmp_path, litellm_env):
     engines = {name: SimulatorProcess(tmp_path, speed=20) for name in ("main", "fast", "long")}
     roles = {"main": "main", "fast": ["interactive", "cold"], "long": "long"}
-    exporter = ExporterProcess(tmp_path, [f"{n}={e.url}" for n, e in engines.items()], interval=0.25,
+    listed = [{"name": n, "url": e.url, "role": roles[n], **({"max_model_len": 8192} if n == "long" else {})}
+              for n, e in engines.items()]  # fmt: skip
+    proxy_port = free_port()
+    watching = tmp_path / "exporter.yaml"  # the exporter watches the engines and the proxy in front of them
+    watching.write_text(yaml.safe_dump({"engines": listed, "routing": {"proxy_url": f"http://127.0.0.1:{proxy_port}"}}))
+    exporter = ExporterProcess(tmp_path, [], interval=0.25, extra_args=("--config", str(watching)),
                                env={"BATCHLENS_ADMIN_TOKEN": SIM_TOKEN})  # fmt: skip
-    config = {
-        "engines": [{"name": n, "url": e.url, "role": roles[n], **({"max_model_len": 8192} if n == "long" else {})}
-                    for n, e in engines.items()],
-        "routing": {"model": "deepseek-sim", "exporter_url": exporter.url, "signals_ttl_seconds": 0.2,
-                    "cold_gap": 3.0},
-    }  # fmt: skip
     path = tmp_path / "batchlens.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proxy = LitellmProxy(tmp_path, litellm_config(load_config(path, environ={})), path, litellm_env)
+    routing = {"model": "deepseek-sim", "exporter_url": exporter.url, "signals_ttl_seconds": 0.2, "cold_gap": 3.0}
+    path.write_text(yaml.safe_dump({"engines": listed, "routing": routing}))
+    proxy = LitellmProxy(tmp_path, litellm_config(load_config(path, environ={})), path, litellm_env, port=proxy_port)
     try:
         yield engines, exporter, proxy
     finally:
@@ -113,3 +113,12 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
     assert one(final, "batchlens_routing_signals_up") == 1
     assert answered(proxy)["interactive"] == 2 + 1 + 3
     assert sum(pick(final, "batchlens_routing_failures_total").values()) == 0
+
+    # The exporter labels each engine's roles, and says whether the proxy in front of them answers.
+    samples = exporter.samples()
+    roles = {(dict(k)["vllm_instance"], dict(k)["role"]) for k in pick(samples, "batchlens_engine_role")}
+    assert roles == {("main", "main"), ("fast", "interactive"), ("fast", "cold"), ("long", "long")}
+    assert one(samples, "batchlens_source_up", source="litellm") == 1
+    proxy.stop()
+    wait_until(lambda: one(exporter.samples(), "batchlens_source_up", source="litellm") == 0, timeout=10,
+               what="the exporter to see the proxy down")  # fmt: skip

@@ -45,8 +45,9 @@ def install_batchlens(wheel: Path, target: Path) -> dict[str, str]:
 
 
 class LitellmProxy:
-    def __init__(self, workdir: Path, proxy_config: dict, batchlens_config: Path, env: dict[str, str]):
-        self.port = free_port()
+    def __init__(self, workdir: Path, proxy_config: dict, batchlens_config: Path, env: dict[str, str],
+                 port: int | None = None):  # fmt: skip
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / "litellm.yaml"
         config.write_text(yaml.safe_dump(proxy_config, sort_keys=False))

@@ -309,6 +309,9 @@ class Routing(_Section):
         description="vLLM's request priority per role (lower first), for engines on --scheduling-policy priority",
     )
     exporter_url: str = Field("http://127.0.0.1:9400", description="the batchlens exporter the signals come from")
+    proxy_url: str = Field(
+        "", description="the LiteLLM proxy; the exporter reports whether it answers (empty: not watched)"
+    )
     signals_ttl_seconds: float = Field(1.0, gt=0, le=60, description="signals are read at most this often")
     signals_stale_seconds: float = Field(
         15.0, gt=0, description="an engine's signals older than this are unknown: it is neither down nor saturated"
@@ -320,6 +323,11 @@ class Routing(_Section):
     @classmethod
     def _exporter_url(cls, value: str) -> str:
         return http_url(value, "http://127.0.0.1:9400")
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_url(cls, value: str) -> str:
+        return http_url(value, "http://127.0.0.1:4000") if value.strip() else ""
 
     @field_validator("cold_gap")
     @classmethod

@@ -15,6 +15,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from batchlens import __version__
+from batchlens.config import Engine
 from batchlens.exporter import families as fam
 from batchlens.exporter.parser import Family
 from batchlens.exporter.snapshot import FamilyBlock, Snapshot, SourceState
@@ -101,14 +102,31 @@ def _status_metrics(states: Iterable[SourceState]) -> Iterator[Metric]:
 class SnapshotCollector:
     """The prometheus_client Collector protocol over one snapshot."""
 
-    def __init__(self, snapshot: Snapshot):
+    def __init__(self, snapshot: Snapshot, static: tuple[Metric, ...] = ()):
         self._snapshot = snapshot
+        self._static = static
 
     def collect(self) -> Iterator[Metric]:
         yield fam.info("batchlens_exporter_build_info", "The batchlens exporter's version.", {"version": __version__})
+        yield from self._static
         readings = (m for s in self._snapshot.states if s.reading for m in s.reading.metrics)
         yield from _merge_by_name(itertools.chain(_status_metrics(self._snapshot.states), readings))
 
 
-def render(snapshot: Snapshot) -> bytes:
-    return _passthrough(snapshot.states).encode() + generate_latest(SnapshotCollector(snapshot))  # type: ignore[arg-type]
+def render(snapshot: Snapshot, static: tuple[Metric, ...] = ()) -> bytes:
+    """The exposition: passed-through families, then ours; ``static`` holds what the config alone says."""
+    collector = SnapshotCollector(snapshot, static)
+    return _passthrough(snapshot.states).encode() + generate_latest(collector)  # type: ignore[arg-type]
+
+
+def engine_roles(engines: Iterable[Engine]) -> tuple[Metric, ...]:
+    """``batchlens_engine_role``: an info series per role of each configured engine, up or down.
+
+    As kube-state-metrics labels pods: rules join on ``vllm_instance`` to select a role's engines, while the
+    engines' own series keep their labels. From the config, so an engine that is down keeps its roles.
+    """
+    samples = [({"vllm_instance": e.name, **e.labels, "role": role}, 1) for e in engines for role in e.role]
+    if not samples:
+        return ()
+    return (fam.gauge("batchlens_engine_role", "1 for each role the router gives the engine (docs/routing.md).",
+                      samples),)  # fmt: skip

@@ -20,7 +20,8 @@ from batchlens.discovery.kubernetes import DiscoverySource, PodLister, node_name
 from batchlens.exporter.host_source import HostSource
 from batchlens.exporter.kubelet.client import PodResourcesClient
 from batchlens.exporter.nvml_source import NvmlSource
-from batchlens.exporter.render import render
+from batchlens.exporter.render import engine_roles, render
+from batchlens.exporter.router_source import RouterSource
 from batchlens.exporter.sampler import Sampler, Source, describe
 from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
@@ -49,6 +50,7 @@ class Exporter:
         self._executors: list[ThreadPoolExecutor] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._body_version = -1
+        self._static = engine_roles(config.engines)
         self._body = b""
         self._nvml: NvmlSource | None = None
         self._engines: dict[str, VllmSource] = {}  # every engine, configured or discovered, by name
@@ -98,6 +100,10 @@ class Exporter:
         # such a process maps memory (vLLM allocating its KV cache): its own thread, so
         # that parsing never queues behind it.
         sources.append(HostSource(self.config.engines, self._worker("host")))
+        if self.config.routing.proxy_url:
+            sources.append(
+                RouterSource(self.config.routing.proxy_url, session, timeout=self.config.exporter.timeout_seconds)
+            )
         if not self.config.exporter.nvml:
             return sources  # no NVML source, so no batchlens_source_up{source="nvml"} 0 to alert on
         # NVML calls go to the driver, which can take its time with a busy or failing GPU.
@@ -175,7 +181,7 @@ class Exporter:
         """The rendered snapshot, rendered again only when a source published."""
         snapshot = self.store.snapshot()
         if snapshot.version != self._body_version:
-            self._body, self._body_version = render(snapshot), snapshot.version
+            self._body, self._body_version = render(snapshot, self._static), snapshot.version
         return self._body
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
