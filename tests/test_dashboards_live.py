@@ -35,12 +35,18 @@ WINDOW = 60
 # No cluster label here: every query must work with the cluster variable on "All".
 VARIABLES = {"cluster": ".*", "vllm_instance": "sim", "model_name": ".*", "gpu": ".*", "__rate_interval": "15s",
              "__range": f"{WINDOW}s", "__interval": "5s"}  # fmt: skip
+ROUTING_ROW = (
+    "Routing: P99 TTFT per class, at the proxy",
+    "Routing: decisions (wanted → got)",
+    "Routing: fallback share per class",
+)
 #: Panels this stack cannot fill, and why. Every other panel must return data.
 NO_DATA_HERE = {
     "Clocks": "the simulated GPU reports no clocks (test_nvml_source covers the NVML series)",
     "Clock events (throttle reasons)": "the simulated GPU has no throttle reasons",
     "PCIe": "the simulated GPU has no PCIe counters",
     "NVLink": "the simulated GPU has no NVLink",
+    **dict.fromkeys(ROUTING_ROW, "no LiteLLM proxy in this stack: tests/test_routing_proxy.py fills the routing row"),
 }
 
 

@@ -1,16 +1,19 @@
 """The routing plugin inside a real LiteLLM proxy (make litellm-env), in front of three simulator engines.
 
 Real: the LiteLLM proxy (1.106.12) with the config batchlens generates, the plugin from the built wheel,
-the batchlens exporter it reads its signals from, and HTTP between all of them. Fake: the engines are
-batchlens simulators (no GPU here); each counts the requests it served (vllm:request_success_total), which
-is how the test sees where LiteLLM sent each one.
+the batchlens exporter it reads its signals from, Prometheus with the committed rules, and HTTP between all
+of them. Fake: the engines are batchlens simulators (no GPU here); each counts the requests it served
+(vllm:request_success_total), which is how the test sees where LiteLLM sent each one. Grafana is the other
+fake boundary (harness/grafana.py runs the routing row's queries as it would).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,11 +21,15 @@ import yaml
 from batchlens.config import load_config
 from batchlens.routing.proxy_config import litellm_config
 from harness.exporter import ExporterProcess, one, parse_samples, pick
-from harness.litellm import LitellmProxy
+from harness.grafana import panel_results, walk_panels
+from harness.litellm import MASTER_KEY, LitellmProxy
 from harness.procs import free_port, http_get, wait_until
+from harness.prometheus import PrometheusServer
 from harness.simulator import SIM_TOKEN, SimulatorProcess
 
 pytestmark = [pytest.mark.litellm, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+VARIABLES = {"cluster": ".*", "__rate_interval": "15s", "__range": "60s", "__interval": "5s"}
 LONG = " hello" * 3000  # over 2048 tokens by any tokenizer (LiteLLM counts text with tiktoken's cl100k here)
 
 
@@ -58,9 +65,23 @@ def stack(tmp_path, litellm_env):
     routing = {"model": "deepseek-sim", "exporter_url": exporter.url, "signals_ttl_seconds": 0.2, "cold_gap": 3.0}
     path.write_text(yaml.safe_dump({"engines": listed, "routing": routing}))
     proxy = LitellmProxy(tmp_path, litellm_config(load_config(path, environ={})), path, litellm_env, port=proxy_port)
+    # Prometheus scrapes the proxy as users would (LiteLLM's /metrics/ asks for its key) and the exporter, with
+    # the committed rules: the workload dashboard's routing row is checked against what it records.
+    prometheus = PrometheusServer(
+        tmp_path / "prom",
+        [
+            {"job_name": "litellm", "metrics_path": "/metrics/", "authorization": {"credentials": MASTER_KEY},
+             "static_configs": [{"targets": [f"127.0.0.1:{proxy_port}"]}]},
+            {"job_name": "batchlens", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]},
+        ],
+        rule_files=tuple(str(p) for p in sorted((ROOT / "alerts").glob("*.yml"))),
+    )  # fmt: skip
     try:
-        yield engines, exporter, proxy
+        # Traffic before Prometheus' first scrape of the proxy would show in no rate.
+        prometheus.wait_for('up{job="litellm"} == 1 and on () up{job="batchlens"} == 1')
+        yield engines, exporter, proxy, prometheus
     finally:
+        prometheus.stop()
         proxy.stop()
         exporter.stop()
         for engine in engines.values():
@@ -68,7 +89,7 @@ def stack(tmp_path, litellm_env):
 
 
 def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> None:
-    engines, exporter, proxy = stack
+    engines, exporter, proxy, prometheus = stack
     proxy.complete("hello")  # the first arrival: no gap yet
     for _ in range(3):
         proxy.complete("hello")  # main
@@ -113,6 +134,18 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
     assert one(final, "batchlens_routing_signals_up") == 1
     assert answered(proxy)["interactive"] == 2 + 1 + 3
     assert sum(pick(final, "batchlens_routing_failures_total").values()) == 0
+
+    # The workload dashboard's routing row, as Grafana would query it (harness/grafana.py): every panel has data.
+    board = json.loads((ROOT / "dashboards" / "batchlens-workload.json").read_text())
+    row = [p for p in walk_panels(board) if p["title"].startswith("Routing:")]
+    assert len(row) == 3
+    wait_until(lambda: all(any(panel_results(prometheus.url, p, VARIABLES)[0].values()) for p in row), timeout=30,
+               what="every routing panel to have data")  # fmt: skip
+    p99 = prometheus.query("wanted:batchlens_routing_time_to_first_token_seconds:p99_1m")
+    assert {r["metric"]["wanted"] for r in p99 if r["value"][1] != "NaN"} == {"main", "interactive", "long", "cold"}, (
+        p99,
+        prometheus.query('batchlens_routing_time_to_first_token_seconds_bucket{wanted="main"}'),
+    )
 
     # The exporter labels each engine's roles, and says whether the proxy in front of them answers.
     samples = exporter.samples()

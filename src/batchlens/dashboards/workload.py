@@ -20,6 +20,34 @@ def heatmap(title: str, metrics: tuple[str, ...], unit: str, description: str = 
     )
 
 
+ROUTED = 'cluster=~"$cluster"'  # the routing plugin's series are per proxy: no engine to select
+
+
+def routing_row(thresholds: Thresholds) -> tuple[int, list]:
+    """The router's view (docs/routing.md): what each class waits for, where it went, and how often it fell back."""
+    ttft = thresholds.p99_seconds if thresholds.p99_latency == "ttft" else None
+    return (
+        8,
+        [
+            (timeseries("Routing: P99 TTFT per class, at the proxy",
+                        (f"wanted:batchlens_routing_time_to_first_token_seconds:p99_1m{{{ROUTED}}}", "{{wanted}}"),
+                        unit="s", threshold=ttft,
+                        description="Time to first token as clients see it through the LiteLLM proxy, by the role "
+                        "each request wanted. The interactive class should stay far under the others; a long "
+                        "prompt's TTFT is its prefill."), 8),
+            (timeseries("Routing: decisions (wanted → got)",
+                        (f"wanted_role:batchlens_routing_decisions:rate1m{{{ROUTED}}}", "{{wanted}} → {{role}}"),
+                        unit="reqps", description="Requests per second by the role they wanted and the engines' role "
+                        "they were sent to. A class landing on another role's engines is a fallback."), 8),
+            (timeseries("Routing: fallback share per class",
+                        (f"wanted:batchlens_routing_fallback:ratio5m{{{ROUTED}}}", "{{wanted}}"),
+                        (f'max(batchlens_source_up{{source="litellm", {ROUTED}}})', "proxy up"),
+                        unit="percentunit", description="The share of each class sent elsewhere because its "
+                        "engines were down or saturated, and whether the proxy answers the exporter."), 8),
+        ],
+    )  # fmt: skip
+
+
 def workload(thresholds: Thresholds) -> dict:
     panels = place(
         [
@@ -54,11 +82,13 @@ def workload(thresholds: Thresholds) -> dict:
                     (heatmap("End-to-end latency", LATENCIES["e2e"], "s"), 8),
                 ],
             ),
+            routing_row(thresholds),
         ]
     )  # fmt: skip
     return dashboard(
         "workload",
         "Workload profile",
-        "Request rate, burstiness, prompt and output lengths, finish reasons and latency distributions.",
+        "Request rate, burstiness, prompt and output lengths, finish reasons, latency distributions, and how the "
+        "router splits the traffic.",
         panels,
     )

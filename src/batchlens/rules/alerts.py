@@ -129,8 +129,32 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
         ),
         _alert(
             links,
+            "VllmPriorityInversion",
+            f"({LEVEL}:vllm_num_requests_waiting:sum > 0)"
+            f" and on ({WHERE}, vllm_instance) ({LEVEL}:vllm_num_requests_running:sum"
+            f" >= {LEVEL}:batchlens_batch_limit:max)"
+            f' and on ({WHERE}, vllm_instance) (batchlens_engine_role{{role="interactive"}} == 1)',
+            "1m",
+            "warning",
+            "Interactive requests wait behind a full batch on {{ $labels.vllm_instance }}",
+            '{{ $value | printf "%.0f" }} requests have waited for a minute on an engine that serves the '
+            "interactive class, while its running batch is at the batch limit. vLLM does not preempt for "
+            "priority when the limit binds, so a priority does not help: the interactive class needs room.",
+        ),
+        _alert(
+            links,
+            "BatchlensRouterDown",
+            'batchlens_source_up{source="litellm"} == 0',
+            "1m",
+            "critical",
+            "The LiteLLM proxy in front of the engines does not answer",
+            "The exporter has not reached the proxy's liveness route for a minute (routing.proxy_url): clients "
+            "get nothing while every engine looks idle and healthy.",
+        ),
+        _alert(
+            links,
             "BatchlensSourceDown",
-            'batchlens_source_up{gpu=""} == 0',
+            'batchlens_source_up{gpu="", source!="litellm"} == 0',
             "2m",
             "warning",
             "batchlens cannot read {{ $labels.source }} {{ $labels.vllm_instance }}",

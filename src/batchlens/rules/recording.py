@@ -151,6 +151,29 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         f"{LEVEL}:vllm_request_success:cv5m",
         f"stddev_over_time({rate30s}[5m:10s]) / avg_over_time({rate30s}[5m:10s])",
     )
+    rules += routing_rules()
+    return rules
+
+
+#: The routing plugin's series (on the LiteLLM proxy's /metrics) are per proxy, not per engine: by the role a
+#: request wanted and the role it got.
+ROUTED = f"{WHERE}, wanted"
+
+
+def routing_rules() -> list[dict]:
+    """P99 TTFT per class at the proxy, and the decisions and fallbacks the router made (docs/routing.md)."""
+    decisions = "batchlens_routing_decisions_total"
+    rules = [
+        {"record": f"wanted:batchlens_routing_time_to_first_token_seconds:p99_{window}",
+         "expr": f"histogram_quantile(0.99, sum by ({ROUTED}, le) "
+                 f"(rate(batchlens_routing_time_to_first_token_seconds_bucket[{window}])))"}
+        for window in WINDOWS
+    ]  # fmt: skip
+    rules.append({"record": "wanted_role:batchlens_routing_decisions:rate1m",
+                  "expr": f"sum by ({ROUTED}, role) (rate({decisions}[1m]))"})  # fmt: skip
+    rules.append({"record": "wanted:batchlens_routing_fallback:ratio5m",
+                  "expr": f'sum by ({ROUTED}) (rate({decisions}{{fallback!=""}}[5m])) '
+                          f"/ sum by ({ROUTED}) (rate({decisions}[5m]))"})  # fmt: skip
     return rules
 
 
