@@ -12,11 +12,16 @@ import math
 import re
 
 import pytest
+import yaml
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from batchlens.config import Config, ConfigError, Routing, load_config
+from batchlens.artifacts import artifacts
+from batchlens.cli import main
+from batchlens.config import Config, ConfigError, Engine, Routing, load_config
 from batchlens.routing.classify import Request, classify
 from batchlens.routing.gaps import ArrivalGaps
+from batchlens.routing.llmd import context_range, epp_config
 from batchlens.routing.pick import pick
 from batchlens.routing.proxy_config import ProxyConfigError, litellm_config
 from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
@@ -24,6 +29,10 @@ from batchlens.routing.router import Router
 from batchlens.routing.signals import DOWN, OK, SATURATED, UNKNOWN, EngineSignal, engine_signals
 
 RULES = Routing()
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(main, list(args))
 
 
 @pytest.mark.parametrize(
@@ -323,3 +332,51 @@ def test_the_router_without_its_exporter_routes_by_role_and_counts_it() -> None:
     assert registry.get_sample_value("batchlens_routing_signals_up") == 0
     labels = {"wanted": "long", "reason": "long_prompt", "role": "long", "fallback": ""}
     assert registry.get_sample_value("batchlens_routing_decisions_total", labels) == 1
+
+
+def test_build_writes_the_router_configs_and_check_keeps_them_fresh(tmp_path) -> None:
+    config = tmp_path / "batchlens.yaml"
+    config.write_text(yaml.safe_dump({
+        "routing": {"model": "m"},
+        "engines": [{"name": "main", "url": "http://10.0.0.1:8000"},
+                    {"name": "fast", "url": "http://10.0.0.2:8000", "role": ["interactive", "cold"]},
+                    {"name": "long", "url": "http://10.0.0.3:8000", "role": "long", "max_model_len": 32768}],
+    }))  # fmt: skip
+    root = tmp_path / "out"
+    built = run_cli("build", "--config", str(config), "--root", str(root))
+    assert built.exit_code == 0, built.output
+    proxy = yaml.safe_load((root / "routing" / "litellm-config.yaml").read_text())
+    assert proxy == litellm_config(load_config(config, environ={}))
+    epp_text = (root / "routing" / "llm-d-epp.yaml").read_text()
+    assert '#   long: llm-d.ai/context-length-range: "2049-32768"' in epp_text
+    assert '#   fast: llm-d.ai/context-length-range: "0-2048"' in epp_text
+    assert run_cli("build", "--config", str(config), "--root", str(root), "--check").exit_code == 0
+    (root / "routing" / "litellm-config.yaml").write_text("stale\n")
+    stale = run_cli("build", "--config", str(config), "--root", str(root), "--check")
+    assert stale.exit_code != 0 and "routing/litellm-config.yaml" in stale.output
+    # Without routing.model nothing is written for a router: the default build is unchanged.
+    assert not any("routing/" in name for name in artifacts(load_config(None, {}, {})))
+
+
+def test_the_llm_d_config_has_the_shape_the_endpoint_picker_reads() -> None:
+    """Shape only (no endpoint picker runs here): its header, every profile's plugin defined once, a picker."""
+    epp = epp_config(routed_config())
+    assert (epp["apiVersion"], epp["kind"]) == ("inference.networking.x-k8s.io/v1alpha1", "EndpointPickerConfig")
+    types = [p["type"] for p in epp["plugins"]]
+    assert len(types) == len(set(types))
+    for profile in epp["schedulingProfiles"]:
+        refs = [p["pluginRef"] for p in profile["plugins"]]
+        assert set(refs) <= set(types) and refs[-1] == "max-score-picker"
+        assert all(isinstance(p.get("weight", 1), int | float) and p.get("weight", 1) > 0 for p in profile["plugins"])
+    aware = next(p for p in epp["plugins"] if p["type"] == "context-length-aware")
+    assert aware["parameters"] == {"label": "llm-d.ai/context-length-range", "enableFiltering": True}
+
+
+@pytest.mark.parametrize(
+    ("role", "max_model_len", "expected"),
+    [(["main"], None, "0-2048"), (["long"], None, "2049-131072"), (["long"], 8192, "2049-8192"),
+     (["main", "long"], 8192, "0-8192"), (["interactive", "cold"], 4096, "0-2048")],
+)  # fmt: skip
+def test_context_ranges_split_at_the_long_bound(role, max_model_len, expected) -> None:
+    engine = Engine(url="http://h:1", role=role, max_model_len=max_model_len)
+    assert context_range(engine, 2048) == expected

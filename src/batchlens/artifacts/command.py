@@ -16,8 +16,10 @@ from batchlens.clikit import load as load_or_fail
               "around the current folder].")  # fmt: skip
 @click.option("--check", is_flag=True, help="Write nothing; fail if a generated file is missing or stale.")
 def build(config_path: str | None, root: str | None, check: bool) -> None:
-    """Generate the rules (alerts/), the dashboards (dashboards/), the stack's provisioning (provisioning/) and
-    the Helm chart's PrometheusRule and dashboard payloads (deploy/helm/batchlens/files/).
+    """Generate the rules (alerts/), the dashboards (dashboards/), the stack's provisioning (provisioning/),
+    the Helm chart's PrometheusRule and dashboard payloads (deploy/helm/batchlens/files/) and, when the config
+    sets routing.model and lists engines with their roles, the LiteLLM proxy's config and llm-d's endpoint
+    picker config (routing/; docs/routing.md).
 
     Rules and dashboards come from the code and the config's thresholds, so an
     alert and the line on its panel always agree. In a checkout the files are
