@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import socket
 
 import pytest
 import yaml
@@ -315,6 +316,7 @@ def test_the_router_without_its_exporter_routes_by_role_and_counts_it() -> None:
 
     async def run() -> list:
         try:
+            await router.signals.refresh()  # what the background reader does every signals_ttl_seconds
             return [
                 await router.decide(10, "interactive", ()),
                 await router.decide(3000, None, ()),
@@ -380,3 +382,23 @@ def test_the_llm_d_config_has_the_shape_the_endpoint_picker_reads() -> None:
 def test_context_ranges_split_at_the_long_bound(role, max_model_len, expected) -> None:
     engine = Engine(url="http://h:1", role=role, max_model_len=max_model_len)
     assert context_range(engine, 2048) == expected
+
+
+def test_a_request_never_waits_on_a_hanging_exporter() -> None:
+    """The exporter accepts and never answers: decisions come at once, from what is known (nothing: by role)."""
+    with socket.socket() as hanging:
+        hanging.bind(("127.0.0.1", 0))
+        hanging.listen()
+        port = hanging.getsockname()[1]
+        router = Router(routed_config(exporter_url=f"http://127.0.0.1:{port}", signals_timeout_seconds=2),
+                        registry=CollectorRegistry())  # fmt: skip
+
+        async def run():
+            try:
+                # Well within the 2 s a read may take: a decision that waited for it would not be back.
+                return [await asyncio.wait_for(router.decide(10, None, ()), timeout=1.0) for _ in range(3)]
+            finally:
+                await router.signals.close()
+
+        decisions = asyncio.run(run())
+    assert [d.route.engines for d in decisions] == [("a",)] * 3

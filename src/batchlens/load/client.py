@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -16,11 +17,39 @@ def prompt(tokens: int) -> list[int]:
     return [3 + i % 1000 for i in range(tokens)]
 
 
-async def first_model(session: aiohttp.ClientSession, url: str, timeout: float = 10) -> str:
+#: A word that is one token to tiktoken's cl100k (LiteLLM's counter) and to the simulator (4 characters).
+TEXT_TOKEN = " the"
+
+
+def text_prompt(tokens: int) -> str:
+    """A text prompt of ``tokens`` tokens, for a proxy that takes no token ids (LiteLLM's completions route)."""
+    return TEXT_TOKEN * tokens
+
+
+@dataclass(frozen=True)
+class Via:
+    """How requests reach the server: straight (token ids), or through a proxy (text, a key, the class header)."""
+
+    text: bool = False
+    api_key: str | None = None
+    class_header: str = "x-batchlens-latency-class"
+
+    def headers(self, p: Planned) -> dict[str, str]:
+        out = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if p.latency_class:
+            out[self.class_header] = p.latency_class
+        return out
+
+
+DIRECT = Via()
+
+
+async def first_model(session: aiohttp.ClientSession, url: str, timeout: float = 10, via: Via | None = None) -> str:
     """The first model the server lists; ValueError, saying what came back, when it is no OpenAI server."""
     target = url + "/v1/models"
+    headers = {"Authorization": f"Bearer {via.api_key}"} if via is not None and via.api_key else None
     try:
-        async with session.get(target, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with session.get(target, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             status, text = resp.status, await resp.text(errors="replace")
     except TimeoutError:
         raise ValueError(f"{target} did not answer within {timeout:g} s") from None
@@ -49,15 +78,18 @@ async def reason(resp: aiohttp.ClientResponse) -> str:
     return str(message or text)[:200]
 
 
-async def send(session: aiohttp.ClientSession, url: str, model: str, p: Planned, timeout: float) -> Result:
+async def send(
+    session: aiohttp.ClientSession, url: str, model: str, p: Planned, timeout: float, via: Via = DIRECT
+) -> Result:
     loop = asyncio.get_running_loop()
-    payload: dict = {"model": model, "prompt": prompt(p.prompt_tokens), "max_tokens": p.max_tokens, "ignore_eos": True}
+    text = text_prompt(p.prompt_tokens) if via.text else prompt(p.prompt_tokens)
+    payload: dict = {"model": model, "prompt": text, "max_tokens": p.max_tokens, "ignore_eos": True}
     if p.stream:
         payload.update(stream=True, stream_options={"include_usage": True})
     started = loop.time()
     try:
         async with session.post(
-            url + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=timeout)
+            url + "/v1/completions", json=payload, headers=via.headers(p), timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
             if resp.status != 200:
                 return Result(p, False, f"http_{resp.status}", reason=await reason(resp))

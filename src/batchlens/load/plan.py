@@ -41,6 +41,7 @@ class Planned:
     prompt_tokens: int
     max_tokens: int
     stream: bool
+    latency_class: str = ""  # sent in the routing header (docs/routing.md); empty: no header
 
 
 def plan(spec: LoadSpec) -> list[Planned]:

@@ -30,6 +30,12 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               help="Or replay in real time against this server (vLLM, batchlens simulate), streaming every "
               "request; its batch limit is whatever steers it (batchlens remediate with control.enabled).")  # fmt: skip
 @click.option("--served-model", metavar="NAME", help="With --url: the model to ask for [default: the first listed].")
+@click.option("--api-key-env", metavar="VAR",
+              help="With --url: the environment variable holding the server's key (a LiteLLM proxy's), sent as "
+              "a Bearer token. The key itself never goes on the command line.")  # fmt: skip
+@click.option("--text-prompts", is_flag=True,
+              help="With --url: send each prompt as text of as many tokens (for a proxy such as LiteLLM, whose "
+              "completions route takes no token ids) instead of token ids.")  # fmt: skip
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True)
 @click.option("--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(1), default=256, show_default=True,
@@ -52,8 +58,8 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
 @config_option
 def replay(
     trace: str, fmt: str, start: float, duration: float | None, rate_scale: float, simulated: bool,
-    url: str | None, served_model: str | None, gpu_name: str, model_profile: str, max_num_seqs: int,
-    max_model_len: int, policies: tuple[str, ...], oracle: bool,
+    url: str | None, served_model: str | None, api_key_env: str | None, text_prompts: bool, gpu_name: str,
+    model_profile: str, max_num_seqs: int, max_model_len: int, policies: tuple[str, ...], oracle: bool,
     slo_ttft: float | None, slo_tpot: float | None, as_json: bool, out: str | None, config_path: str | None,
 ) -> None:  # fmt: skip
     """Replay a recorded workload under batch-limit policies, and judge each by goodput.
@@ -70,7 +76,10 @@ def replay(
     --url replays the trace against a running server instead, in real time
     (or faster with --rate-scale), and measures every request at the client.
     An engine that stops answering ends the run: the figures then cover what
-    was sent, it says so, and the exit code is 1.
+    was sent, it says so, and the exit code is 1. A JSONL trace's "class"
+    goes out in the routing header (routing.latency_header), and each class
+    is judged alone too: replayed through the LiteLLM proxy, that shows what
+    routing gives each class (docs/routing.md).
 
     \b
     Example:
@@ -114,7 +123,8 @@ def replay(
         raise click.ClickException(f"{trace}: no request between {start:g} s and {start + (duration or 0):g} s")
 
     if url is not None:
-        _replay_live(url, served_model, requests, slo, as_json, folder, trace)
+        via = _via(api_key_env, text_prompts, config.routing.latency_header)
+        _replay_live(url, served_model, requests, slo, as_json, folder, trace, via)
         return
 
     def engine() -> Engine:
@@ -150,7 +160,20 @@ def replay(
         click.echo(f"wrote {folder / 'replay.csv'} and {folder / 'replay.png'}", err=as_json)
 
 
-def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path | None, trace: str) -> None:
+def _via(api_key_env: str | None, text: bool, class_header: str):
+    import os
+
+    from batchlens.load.client import Via
+
+    key = None
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise click.BadParameter(f"{api_key_env} is not set in the environment", param_hint="--api-key-env")
+    return Via(text=text, api_key=key, class_header=class_header)
+
+
+def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path | None, trace: str, via) -> None:
     import asyncio
 
     from batchlens.replay.live import replay_live
@@ -159,15 +182,19 @@ def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path |
     with click.progressbar(length=len(requests), label=f"replaying {len(requests)} requests against {url}",
                            file=sys.stderr) as bar:  # fmt: skip
         try:
-            live = asyncio.run(replay_live(url, requests, slo, model=served_model, on_done=lambda _r: bar.update(1)))
+            live = asyncio.run(replay_live(url, requests, slo, model=served_model, on_done=lambda _r: bar.update(1),
+                                           via=via))  # fmt: skip
         except ValueError as exc:  # nobody answered before the first request: nothing was sent
             raise click.ClickException(f"{exc}: nothing was replayed") from None
     if as_json:
         click.echo(json.dumps({"slo": {"ttft_s": slo.ttft_seconds, "tpot_s": slo.tpot_seconds}, "url": url,
                                "requests": len(requests), "sent": live.sent, "stopped": live.stopped or None,
-                               "policies": rows([live.run])}, indent=2))  # fmt: skip
+                               "policies": rows([live.run]), "classes": rows(list(live.classes.values()))},
+                              indent=2))  # fmt: skip
     else:
         click.echo(table([live.run], None, slo))
+        if live.classes:
+            click.echo("\nBy class:\n" + table(list(live.classes.values()), None, slo))
     if folder:
         write_csv([live.run], None, folder / "replay.csv")
         write_png([live.run], None, requests, folder / "replay.png", title=Path(trace).name)

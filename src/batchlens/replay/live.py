@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from batchlens.goodput import Outcome, Slo, judge
-from batchlens.load.client import first_model, send
+from batchlens.load.client import DIRECT, Via, first_model, send
 from batchlens.load.plan import Planned, Result
 from batchlens.replay.simulated import Run
 from batchlens.replay.traces import TraceRequest
@@ -33,6 +33,7 @@ class LiveRun:
     run: Run
     sent: int
     stopped: str = ""  # why the replay stopped before the end of the trace; empty when it ran through
+    classes: dict[str, Run] = field(default_factory=dict)  # each latency class of the trace judged alone
 
 
 async def _until_done_or_dead(tasks: list[asyncio.Task], dead: asyncio.Task) -> None:
@@ -56,11 +57,12 @@ async def replay_live(
     timeout: float = 300.0,
     max_connections: int = 1024,
     on_done: Callable[[Result], None] = lambda _r: None,
+    via: Via = DIRECT,
 ) -> LiveRun:
     """Send ``trace`` to ``url`` on its schedule; ValueError (before anything is sent) when nobody answers."""
     connector = aiohttp.TCPConnector(limit=max_connections)
     async with aiohttp.ClientSession(connector=connector) as session:
-        model = model or await first_model(session, url, min(timeout, 10))
+        model = model or await first_model(session, url, min(timeout, 10), via)
         loop = asyncio.get_running_loop()
         start, dead = loop.time(), asyncio.Event()
         results: list[Result] = []
@@ -70,9 +72,10 @@ async def replay_live(
             await asyncio.sleep(max(0.0, start + request.t - loop.time()))
             if dead.is_set():
                 return
-            planned = Planned(request.t, request.prompt_tokens, request.output_tokens, stream=True)
+            planned = Planned(request.t, request.prompt_tokens, request.output_tokens, stream=True,
+                              latency_class=request.latency_class)  # fmt: skip
             try:
-                result = await send(session, url, model, planned, timeout)
+                result = await send(session, url, model, planned, timeout, via)
             except asyncio.CancelledError:  # in flight when the engine was found dead: sent, and not good
                 results.append(Result(planned, False, "abandoned"))
                 raise
@@ -94,4 +97,7 @@ async def replay_live(
         await asyncio.gather(*tasks, watch, return_exceptions=True)
         seconds = loop.time() - start
     judgement = judge([outcome(r) for r in results], seconds, slo)
-    return LiveRun(Run("live", judgement, []), sent=len(results), stopped=stopped[0])
+    classes = sorted({r.planned.latency_class for r in results} - {""})
+    by_class = {c: Run(c, judge([outcome(r) for r in results if r.planned.latency_class == c], seconds, slo), [])
+                for c in classes}  # fmt: skip
+    return LiveRun(Run("live", judgement, []), sent=len(results), stopped=stopped[0], classes=by_class)

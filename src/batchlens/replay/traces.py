@@ -31,6 +31,7 @@ class TraceRequest:
     t: float  # seconds after the trace's first arrival
     prompt_tokens: int
     output_tokens: int
+    latency_class: str = ""  # a JSONL trace's "class" (sent as the routing header); empty: none
 
 
 def _tokens(value: object, what: str) -> int:
@@ -84,15 +85,15 @@ def _csv_rows(path: Path, columns: dict[str, str]) -> Iterator[tuple[int, dict[s
         yield number, {ours: row[i] for ours, i in index.items()}
 
 
-def _parse(path: Path, fmt: str) -> Iterator[tuple[int, float, int, int]]:
+def _parse(path: Path, fmt: str) -> Iterator[tuple[int, float, int, int, str]]:
     if fmt == "azure":
         cols = {"t": "TIMESTAMP", "prompt": "ContextTokens", "output": "GeneratedTokens"}
         for number, row in _csv_rows(path, cols):
-            yield number, *_fields(path, number, lambda r=row: (_azure_time(r["t"]), r["prompt"], r["output"]))
+            yield number, *_fields(path, number, lambda r=row: (_azure_time(r["t"]), r["prompt"], r["output"], ""))
     elif fmt == "burstgpt":
         cols = {"t": "Timestamp", "prompt": "Request tokens", "output": "Response tokens"}
         for number, row in _csv_rows(path, cols):
-            yield number, *_fields(path, number, lambda r=row: (float(r["t"]), r["prompt"], r["output"]))
+            yield number, *_fields(path, number, lambda r=row: (float(r["t"]), r["prompt"], r["output"], ""))
     elif fmt == "jsonl":
         for number, line in _lines(path):
             if line.strip():
@@ -101,22 +102,25 @@ def _parse(path: Path, fmt: str) -> Iterator[tuple[int, float, int, int]]:
         raise TraceError(f"unknown trace format {fmt!r}: one of {', '.join(FORMATS)}")
 
 
-def _jsonl(line: str) -> tuple[float, object, object]:
+def _jsonl(line: str) -> tuple[float, object, object, str]:
     try:
         item = json.loads(line)
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(item, dict) or not {"t", "prompt_tokens", "output_tokens"} <= item.keys():
-        raise ValueError('expected {"t": seconds, "prompt_tokens": N, "output_tokens": N}')
+        raise ValueError('expected {"t": seconds, "prompt_tokens": N, "output_tokens": N} (and "class", optional)')
     if isinstance(item["t"], bool) or not isinstance(item["t"], int | float):
         raise ValueError(f"t is not a number of seconds: {item['t']!r}")
-    return float(item["t"]), item["prompt_tokens"], item["output_tokens"]
+    latency_class = item.get("class", "")
+    if not isinstance(latency_class, str) or len(latency_class) > 64:
+        raise ValueError(f"class is not a short name: {latency_class!r}")
+    return float(item["t"]), item["prompt_tokens"], item["output_tokens"], latency_class
 
 
-def _fields(path: Path, number: int, read) -> tuple[float, int, int]:
+def _fields(path: Path, number: int, read) -> tuple[float, int, int, str]:
     try:
-        t, prompt, output = read()
-        return t, _tokens(prompt, "the prompt length"), _tokens(output, "the output length")
+        t, prompt, output, latency_class = read()
+        return t, _tokens(prompt, "the prompt length"), _tokens(output, "the output length"), latency_class
     except ValueError as exc:
         raise TraceError(f"{path}:{number}: {exc}") from None
 
@@ -125,7 +129,7 @@ def read_trace(path: Path, fmt: str) -> list[TraceRequest]:
     """The trace's requests in arrival order, times from its first arrival. Unsorted or empty traces are refused."""
     out: list[TraceRequest] = []
     first = previous = None
-    for number, t, prompt, output in _parse(path, fmt):
+    for number, t, prompt, output, latency_class in _parse(path, fmt):
         if previous is not None and t < previous:
             raise TraceError(f"{path}:{number}: time goes back ({t:g} after {previous:g}): sort the trace by time")
         if first is None:
@@ -133,7 +137,7 @@ def read_trace(path: Path, fmt: str) -> list[TraceRequest]:
         previous = t
         if output == 0:
             continue  # a failed request in the recording (BurstGPT logs them): nothing to generate
-        out.append(TraceRequest(t - first, max(prompt, 1), output))
+        out.append(TraceRequest(t - first, max(prompt, 1), output, latency_class))
     if not out:
         raise TraceError(f"{path}: no requests to replay")
     return out

@@ -3,9 +3,9 @@
 Framework-neutral: the LiteLLM adapter (``batchlens.routing.litellm``) turns a
 proxy request into :class:`~batchlens.routing.classify.Request` facts and the
 returned :class:`Decision` into LiteLLM's tags and vLLM's priority. The
-exporter is read at most every ``signals_ttl_seconds``, with a short timeout;
-while it cannot be read every engine is ``unknown`` and requests go where
-their role says (signals only ever move traffic away from an engine, so
+exporter is read every ``signals_ttl_seconds`` in the background, with a short
+timeout; while it cannot be read every engine is ``unknown`` and requests go
+where their role says (signals only ever move traffic away from an engine, so
 their absence must not).
 """
 
@@ -103,24 +103,35 @@ def wanted_of(tags: list | None) -> str | None:
 
 
 class SignalCache:
-    """The exporter's /metrics, read at most once per ``ttl`` seconds; failures counted and logged once each."""
+    """The exporter's /metrics, read every ``ttl`` seconds in the background; failures counted and logged once.
+
+    A request never waits on the exporter: it takes the latest signals there are (a read in its path put the
+    exporter's latency, up to the timeout, into the tail of every request that found the cache expired).
+    """
 
     def __init__(self, url: str, ttl: float, timeout: float, metrics: RoutingMetrics):
         self._url, self._ttl, self._timeout, self._metrics = url + "/metrics", ttl, timeout, metrics
-        self._read_at = -math.inf
         self._signals: dict[str, EngineSignal] = {}
-        self._lock = asyncio.Lock()
         self._failing: str | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._reader: asyncio.Task | None = None
 
-    async def signals(self) -> dict[str, EngineSignal]:
-        if time.monotonic() - self._read_at < self._ttl:
-            return self._signals
-        async with self._lock:  # one read for all the requests that arrive while it is under way
-            if time.monotonic() - self._read_at >= self._ttl:
-                self._signals = await self._read()
-                self._read_at = time.monotonic()
+    def signals(self) -> dict[str, EngineSignal]:
+        """The latest signals, at once; the first call (in the proxy's event loop) starts the reader."""
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._keep_reading())
         return self._signals
+
+    async def _keep_reading(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # a bug here must not end the reading: log it, and go on with what there is
+                log.exception("reading the exporter's signals failed unexpectedly")
+            await asyncio.sleep(self._ttl)
+
+    async def refresh(self) -> None:
+        self._signals = await self._read()
 
     async def _read(self) -> dict[str, EngineSignal]:
         if self._session is None or self._session.closed:
@@ -135,7 +146,7 @@ class SignalCache:
             return self._failed("timeout", f"no answer within {self._timeout:g} s")
         except aiohttp.ClientError as exc:
             return self._failed("connect", str(exc) or type(exc).__name__)
-        signals = engine_signals(text)
+        signals = await asyncio.to_thread(engine_signals, text)  # parsing is milliseconds: off the proxy's loop
         if self._failing is not None:
             log.info("exporter signals readable again at %s (%d engines)", self._url, len(signals))
         self._failing = None
@@ -152,6 +163,8 @@ class SignalCache:
         return {}
 
     async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
         if self._session is not None:
             await self._session.close()
 
@@ -175,7 +188,7 @@ class Router:
         self.metrics.cold_gap.set(math.nan if threshold is None else threshold)
         choice = classify(Request(tokens, latency_class, tags, gap), self.rules, threshold)
         now = self._wall()
-        states = {name: s.state(now, self.rules) for name, s in (await self.signals.signals()).items()}
+        states = {name: s.state(now, self.rules) for name, s in self.signals.signals().items()}
         route = pick(choice.role, self.roles, states, self.rules)
         self.metrics.decisions.labels(choice.role, choice.reason, route.role, route.fallback).inc()
         priority = self.rules.priority.get(choice.role)
