@@ -15,7 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "batchlens.rules.yml"
 ALERTS = ROOT / "alerts" / "batchlens.alerts.yml"
 # Alert inputs no CPU server can give: NVML's GPU series, and the remediation hook's own breaker state.
-NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation")
+NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation|batchlens_routing_")
+#: The routing plugin's series live on the LiteLLM proxy's /metrics, not the exporter's: tests/test_routing_proxy.py
+#: checks their rules against a real proxy.
+FROM_THE_ROUTER = re.compile(r"batchlens_routing_")
 # Recording rules (level:metric:operation), and raw batchlens_* or vllm:* series.
 SERIES_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|batchlens_[a-z_0-9]+|vllm:[a-z_0-9]+")
 

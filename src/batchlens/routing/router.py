@@ -193,5 +193,5 @@ class Router:
         self.metrics.decisions.labels(choice.role, choice.reason, route.role, route.fallback).inc()
         priority = self.rules.priority.get(choice.role)
         if not route.engines or not set(route.engines) <= self._priority_engines:
-            priority = None  # vLLM refuses a priority from a client unless it runs --scheduling-policy priority
+            priority = None  # only --scheduling-policy priority acts on it; vLLM 0.10's V0 engine refuses it otherwise
         return Decision(choice, route, priority)
