@@ -15,7 +15,7 @@ import yaml
 
 from batchlens.cli import main
 from batchlens.config import load_config
-from batchlens.stack import SERVICES
+from batchlens.stack import SERVICES, compose
 from harness.compose import COMPOSE, batchlens_services, interpolate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,9 +62,16 @@ def test_every_batchlens_command_is_a_real_subcommand_with_valid_flags(name: str
 @pytest.mark.parametrize("stack", ["demo", "gpu"])
 def test_each_stack_config_points_at_its_compose_services(stack: str) -> None:
     config = load_config(str(ROOT / "provisioning" / "batchlens" / f"{stack}.yaml"), {}, {})
-    engine = {"demo": "batchlens-simulate", "gpu": "vllm"}[stack]
-    assert [e.url for e in config.engines] == [f"http://{engine}:8000"]
-    assert engine in COMPOSE["services"] and COMPOSE["services"][engine]["profiles"] == [stack]
+    engines = {"demo": ["simulate", "simulate-interactive"], "gpu": ["vllm"]}[stack]
+    where = {name: f"http://{compose(name)}" if name in SERVICES else f"http://{name}:8000" for name in engines}
+    assert [e.url for e in config.engines] == list(where.values())
+    for name in engines:
+        service = SERVICES[name][0] if name in SERVICES else name
+        assert service in COMPOSE["services"] and COMPOSE["services"][service]["profiles"] == [stack]
+    # The proxy runs in both stacks, configured from this file, and Prometheus scrapes it without its key.
+    assert stack in COMPOSE["services"]["litellm"]["profiles"]
+    assert config.routing.proxy_url == f"http://{compose('litellm')}" and not config.routing.metrics_auth
+    assert config.routing.exporter_url == f"http://{compose('exporter')}"
     assert config.remediate.alertmanager_url == "http://alertmanager:9093"
     assert config.exporter.listen.endswith(f":{SERVICES['exporter'][1]}")
 
@@ -93,7 +100,7 @@ def test_no_secret_is_committed() -> None:
         ["git", "check-ignore", ".env"], cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
     for name, service in COMPOSE["services"].items():
         for key, value in service.get("environment", {}).items():
-            if "TOKEN" in key or "PASSWORD" in key:
+            if "TOKEN" in key or "PASSWORD" in key or key.endswith("_KEY"):
                 assert str(value).startswith("${"), f"{name}: {key} is written in the file, not taken from .env"
 
 
@@ -103,7 +110,7 @@ def test_the_image_runs_as_a_user_with_a_healthcheck() -> None:
     assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
 
 
-@pytest.mark.parametrize("path", ["Dockerfile", "docker/vllm.Dockerfile"])
+@pytest.mark.parametrize("path", ["Dockerfile", "docker/vllm.Dockerfile", "docker/litellm.Dockerfile"])
 def test_each_image_installs_the_wheel_and_only_the_wheel(path: str) -> None:
     """What an image runs is what users install: a wheel built in a first stage from what the sdist needs.
     (tests/test_install.py runs the compose commands from such a wheel.)"""
@@ -119,7 +126,7 @@ def test_each_image_installs_the_wheel_and_only_the_wheel(path: str) -> None:
 
 
 def test_the_stacks_addresses_come_from_one_table() -> None:
-    from batchlens.stack import COMPOSE_TOKEN_FILE, alertmanager_config, compose, native
+    from batchlens.stack import COMPOSE_TOKEN_FILE, alertmanager_config, native
 
     am = yaml.safe_load((ROOT / "provisioning" / "alertmanager" / "alertmanager.compose.yml").read_text())
     [hook] = next(r for r in am["receivers"] if r["name"] == "remediation")["webhook_configs"]
@@ -128,7 +135,7 @@ def test_the_stacks_addresses_come_from_one_table() -> None:
     )
     assert hook["http_config"]["authorization"]["credentials_file"] == COMPOSE_TOKEN_FILE
     assert COMPOSE["services"]["alertmanager"]["secrets"] == [Path(COMPOSE_TOKEN_FILE).name]
-    for service in ("exporter", "remediate", "alertmanager"):
+    for service in ("exporter", "remediate", "alertmanager", "litellm"):
         compose_target = yaml.safe_load((ROOT / f"provisioning/prometheus/targets-compose/{service}.yml").read_text())
         native_target = yaml.safe_load((ROOT / f"provisioning/prometheus/targets/{service}.yml").read_text())
         name, port = SERVICES[service]

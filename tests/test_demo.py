@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from batchlens.stack import SERVICES
-from harness.exporter import BATCHLENS, parse_samples, pick
+from harness.exporter import BATCHLENS, one, parse_samples, pick
 from harness.grafana import panel_results, walk_panels
+from harness.litellm import litellm_venv
 from harness.procs import Process, http_get
 from harness.prometheus import require_binary
 
@@ -44,6 +45,14 @@ def free_offset() -> int:
     pytest.fail("no free set of ports for the demo")
 
 
+def ctrl_c(demo: Process) -> None:
+    """Stop the demo as a user does (SIGINT, what Ctrl-C sends), then make sure that nothing is left running."""
+    if demo.alive():
+        demo.proc.send_signal(signal.SIGINT)
+        demo.proc.wait(30)
+    demo.stop()
+
+
 def get_json(url: str) -> dict:
     status, body = http_get(url, timeout=10)
     assert status == 200, (url, body[:300])
@@ -57,8 +66,9 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
     url = {name: f"http://127.0.0.1:{port + offset}" for name, (_, port) in SERVICES.items()}
     # The simulator speaks vLLM 0.10's dialect here (new names and their deprecated twins): the stack must not
     # care, and the other tests cover the default, 0.32.
+    # The routing proxy has its own test below: its Python would be what a load of 20/s contends for here.
     demo = Process("demo", [BATCHLENS, "demo", "--run-dir", str(run), "--port-offset", str(offset), "--speed", "10",
-                            "--rate", "20", "--max-num-seqs", "32", "--vllm-version", "0.10.2"],
+                            "--rate", "20", "--max-num-seqs", "32", "--vllm-version", "0.10.2", "--litellm", "off"],
                    tmp_path / "demo.log")  # fmt: skip
     try:
         t0 = time.monotonic()
@@ -101,21 +111,63 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
         assert pick(hook, "batchlens_remediation_deliveries_total")  # decided, whatever the decision
         assert pick(hook, "batchlens_controller_decisions_total", vllm_instance="demo"), "the demo steers by default"
     finally:
-        if demo.alive():
-            demo.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
-            demo.proc.wait(30)
-        demo.stop()
+        ctrl_c(demo)
     assert demo.proc.returncode == 0, demo.log_tail()
     assert "stopped" in demo.log_tail()
     pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
     assert len(pids) == 6 and not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
 
 
+@pytest.mark.litellm
+def test_with_the_litellm_proxy_the_demo_routes_each_class_to_its_engine(tmp_path) -> None:
+    """`make demo` where `make litellm-env` has run: the proxy with the plugin in front of two engines."""
+    require_binary("prometheus", "prometheus")
+    offset, run = free_offset(), tmp_path / "run"
+    url = {name: f"http://127.0.0.1:{port + offset}" for name, (_, port) in SERVICES.items()}
+    litellm = litellm_venv() / "bin" / "litellm"
+    demo = Process("demo", [BATCHLENS, "demo", "--run-dir", str(run), "--port-offset", str(offset), "--speed", "10",
+                            "--rate", "2", "--litellm", str(litellm)], tmp_path / "demo.log")  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        while "batchlens demo is running" not in demo.log_tail():
+            assert demo.alive() and time.monotonic() - t0 < UP_WITHIN + 120, demo.log_tail()  # the proxy's start
+            time.sleep(0.5)
+        assert f"litellm      {url['litellm']}/metrics/" in demo.log_tail()
+        # Prometheus scrapes the proxy (without its key: the demo's proxy serves /metrics/ to anyone on loopback),
+        # and the workload dashboard's routing row fills: decisions for both roles, TTFT per role.
+        board = json.loads((ROOT / "dashboards" / "batchlens-workload.json").read_text())
+        row = [p for p in walk_panels(board) if p["title"].startswith("Routing:")]
+        variables = {"cluster": ".*", "__rate_interval": "15s", "__range": "60s", "__interval": "5s"}
+        while True:
+            targets = get_json(url["prometheus"] + "/api/v1/targets")["data"]["activeTargets"]
+            health = {t["labels"]["job"]: t["health"] for t in targets}
+            decided = get_json(url["prometheus"] + "/api/v1/query?query=wanted_role:batchlens_routing_decisions:rate1m")
+            roles = {r["metric"]["role"] for r in decided["data"]["result"] if float(r["value"][1]) > 0}
+            empty = [p["title"] for p in row if not any(panel_results(url["prometheus"], p, variables)[0].values())]
+            if health.get("litellm") == "up" and roles >= {"main", "interactive"} and not empty:
+                break
+            assert time.monotonic() - t0 < DATA_WITHIN + 120, (health, roles, empty)
+            time.sleep(3)
+        print(f"routing row has data after {time.monotonic() - t0:.1f} s")
+        exported = parse_samples(http_get(url["exporter"] + "/metrics")[1].decode())
+        assert one(exported, "batchlens_source_up", source="litellm") == 1  # the exporter watches the proxy
+        served = {name: sum(pick(parse_samples(http_get(url[name] + "/metrics")[1].decode()),
+                                 "vllm:request_success_total").values())
+                  for name in ("simulate", "simulate-interactive")}  # fmt: skip
+        assert all(served.values()), served
+    finally:
+        ctrl_c(demo)
+    assert demo.proc.returncode == 0, demo.log_tail()
+    started = json.loads((run / "status.json").read_text())
+    assert {"simulate", "simulate-interactive", "litellm", "load"} <= set(started)
+    assert not [s["pid"] for s in started.values() if psutil.pid_exists(s["pid"])], "processes left behind"
+
+
 def test_without_prometheus_and_alertmanager_the_demo_says_how_to_install_them_and_starts_the_rest(tmp_path) -> None:
     offset, run = free_offset(), tmp_path / "run"
     env = {"PATH": str(Path(BATCHLENS).parent)}  # our own tools only: no prometheus, no alertmanager, no grafana
-    demo = Process("demo", [BATCHLENS, "demo", "--run-dir", str(run), "--port-offset", str(offset), "--speed", "10"],
-                   tmp_path / "demo.log", env=env)  # fmt: skip
+    demo = Process("demo", [BATCHLENS, "demo", "--run-dir", str(run), "--port-offset", str(offset), "--speed", "10",
+                            "--litellm", "off"], tmp_path / "demo.log", env=env)  # fmt: skip
     try:
         t0 = time.monotonic()
         while "batchlens demo is running" not in demo.log_tail():
@@ -128,9 +180,7 @@ def test_without_prometheus_and_alertmanager_the_demo_says_how_to_install_them_a
         assert sorted(started) == ["exporter", "load", "remediate", "simulate"]
         assert all(s["alive"] for s in started.values()), started
     finally:
-        demo.proc.send_signal(signal.SIGINT)
-        demo.proc.wait(30)
-        demo.stop()
+        ctrl_c(demo)
     pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
     assert not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
 

@@ -10,8 +10,8 @@ HTTP, Prometheus 2.42 and Alertmanager 0.25 for the demo.
 from __future__ import annotations
 
 import json
+import os
 import re
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +22,8 @@ import yaml
 
 from batchlens.stack import SERVICES
 from harness.compose import COMPOSE, batchlens_services, interpolate
+from harness.exporter import parse_samples, pick
+from harness.litellm import litellm_venv
 from harness.procs import Process, free_port, http_get
 from harness.prometheus import require_binary
 from harness.wheel import REPO, Distributions, install_in_new_venv, run
@@ -176,11 +178,13 @@ def test_exporter_and_remediate_serve_from_the_wheel(installed: Path, outside: P
 def test_the_demo_starts_and_stops_from_the_wheel(installed: Path, outside: Path) -> None:
     require_binary("prometheus", "prometheus")
     require_binary("prometheus-alertmanager", "prometheus-alertmanager")
-    from test_demo import free_offset  # the demo test's own port picking
+    from test_demo import ctrl_c, free_offset  # the demo test's own port picking and stopping
 
     offset = free_offset()
-    demo = Process("demo", [str(installed / "batchlens"), "demo", "--run-dir", str(outside / "run"), "--port-offset",
-                            str(offset), "--speed", "10"], outside / "demo.log", cwd=outside)  # fmt: skip
+    # The routing proxy is test_demo's (and the compose test's below): here the demo alone, from the wheel.
+    argv = [str(installed / "batchlens"), "demo", "--run-dir", str(outside / "run"), "--port-offset", str(offset),
+            "--speed", "10", "--litellm", "off"]  # fmt: skip
+    demo = Process("demo", argv, outside / "demo.log", cwd=outside)
     try:
         t0 = time.monotonic()
         while "batchlens demo is running" not in demo.log_tail():
@@ -191,23 +195,51 @@ def test_the_demo_starts_and_stops_from_the_wheel(installed: Path, outside: Path
         assert {g["name"] for g in groups} == {"batchlens.recording", "batchlens.alerts"}
         assert http_get(f"http://127.0.0.1:{9093 + offset}/-/ready")[0] == 200
     finally:
-        if demo.alive():
-            demo.proc.send_signal(signal.SIGINT)
-            demo.proc.wait(30)
-        demo.stop()
+        ctrl_c(demo)
     assert demo.proc.returncode == 0, demo.log_tail()
     assert "Traceback" not in demo.log_tail(400)
 
 
-def test_the_compose_services_run_from_the_wheel_as_the_image_runs_them(installed: Path, outside: Path) -> None:
+def dependencies_first(names: list[str]) -> list[str]:
+    """``names`` in compose's start order: each after the services it depends on (among ``names``)."""
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        for dependency in COMPOSE["services"][name].get("depends_on", {}):
+            if dependency in names and dependency not in ordered:
+                visit(dependency)
+        if name not in ordered:
+            ordered.append(name)
+
+    for name in names:
+        visit(name)
+    return ordered
+
+
+def image_entrypoint(dockerfile: Path) -> tuple[list[str], dict[str, str]]:
+    """The final stage's ENTRYPOINT (exec form) and ENV of a Dockerfile."""
+    last = dockerfile.read_text().split("\nFROM ")[-1]
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", last, re.M)[1])
+    env = dict(line[4:].split("=", 1) for line in last.splitlines() if line.startswith("ENV "))
+    return entrypoint, env
+
+
+@pytest.mark.litellm
+def test_the_compose_services_run_from_the_wheel_as_the_image_runs_them(
+    installed: Path, outside: Path, litellm_env: dict[str, str]
+) -> None:
     """Each batchlens service of docker-compose.yml: the image's entrypoint (the installed `batchlens`) with the
-    service's command, its config mounted at /etc/batchlens, then the service's own healthcheck. Docker is the
-    one thing replaced: compose's host names and ports become loopback ports, its paths become folders here."""
+    service's command, its config mounted at /etc/batchlens, then the service's own healthcheck. The LiteLLM
+    proxy runs as its image runs it (docker/litellm.Dockerfile's entrypoint), from `make litellm-env`'s
+    environment with the same wheel. Docker is the one thing replaced: compose's host names and ports become
+    loopback ports, its paths become folders here."""
     ports = {port: free_port() for _, port in SERVICES.values()}
+    proxy_port = ports[SERVICES["litellm"][1]]
 
     def local(text: str) -> str:
         text = re.sub(r"(?<![\w.-])[\w.-]+:(\d{4})\b",
                       lambda m: f"127.0.0.1:{ports[int(m[1])]}" if int(m[1]) in ports else m[0], text)  # fmt: skip
+        text = text.replace("--host 0.0.0.0 --port 4000", f"--host 127.0.0.1 --port {proxy_port}")
         return text.replace("/etc/batchlens", str(outside / "etc")).replace("/var/lib/batchlens", str(outside))
 
     (outside / "etc").mkdir()
@@ -215,15 +247,22 @@ def test_the_compose_services_run_from_the_wheel_as_the_image_runs_them(installe
     for config in (REPO / "provisioning" / "batchlens").glob("*.yaml"):  # the files compose mounts
         (outside / "etc" / config.name).write_text(local(config.read_text()))
     env = {"BATCHLENS_ADMIN_TOKEN": TOKEN, "BATCHLENS_WEBHOOK_TOKEN": TOKEN}
+    proxy_argv, proxy_env = image_entrypoint(REPO / "docker" / "litellm.Dockerfile")
+    proxy_env["PATH"] = f"{litellm_venv() / 'bin'}:{os.environ['PATH']}"
     started: list[Process] = []
     try:
-        for name in batchlens_services():
+        for name in dependencies_first([*batchlens_services(), "litellm"]):
             service = COMPOSE["services"][name]
-            argv = [str(installed / "batchlens"), *(local(interpolate(arg)) for arg in service["command"])]
-            started.append(Process(name, argv, outside / f"{name}.log", env=env, cwd=outside))
+            own = {key: local(interpolate(str(value))) for key, value in service.get("environment", {}).items()}
+            if name == "litellm":
+                argv = [local(arg) for arg in proxy_argv]
+                own.update(proxy_env, **litellm_env)
+            else:
+                argv = [str(installed / "batchlens"), *(local(interpolate(arg)) for arg in service["command"])]
+            started.append(Process(name, argv, outside / f"{name}.log", env={**env, **own}, cwd=outside))
             kind, *check = service["healthcheck"]["test"]
             assert kind == "CMD" and check[0] == "python", check
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + (120 if name == "litellm" else 30)
             while (probe := run([str(installed / "python"), *(local(arg) for arg in check[1:])], cwd=outside,
                                 timeout=10)).returncode != 0:  # fmt: skip
                 assert started[-1].alive(), f"{name} exited:\n{started[-1].log_tail()}"
@@ -233,6 +272,18 @@ def test_the_compose_services_run_from_the_wheel_as_the_image_runs_them(installe
         deadline = time.monotonic() + 30
         while 'vllm_instance="demo"' not in (text := http_get(exporter)[1].decode()):  # the exporter reads the engine
             assert time.monotonic() < deadline, text[-1500:]
+            time.sleep(1)
+        # The load goes through the proxy, which sends each class to its engine, and Prometheus could read that
+        # on its /metrics/ without the key (routing.metrics_auth: false in the stack's config).
+        deadline = time.monotonic() + 60
+        while True:
+            status, body = http_get(f"http://127.0.0.1:{proxy_port}/metrics/")
+            assert status == 200, body[:300]
+            roles = {dict(k)["role"] for k, v in pick(parse_samples(body.decode()),
+                                                      "batchlens_routing_decisions_total").items() if v}  # fmt: skip
+            if roles >= {"main", "interactive"}:
+                break
+            assert time.monotonic() < deadline, roles
             time.sleep(1)
         assert all(p.alive() for p in started), [p.name for p in started if not p.alive()]
     finally:

@@ -173,6 +173,23 @@ def test_clients_that_leave_mid_stream_leave_the_engine_serving(sim: SimulatorPr
     assert "Traceback" not in sim.process.log_tail(200)
 
 
+def test_a_client_that_leaves_mid_body_is_logged_not_a_traceback(sim: SimulatorProcess) -> None:
+    """A proxy stopped while it sends a request: half a body, then the connection closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", sim.port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b'{"model": "' + MODEL.encode())  # fmt: skip
+        time.sleep(0.3)  # the handler is reading the body
+    deadline = time.monotonic() + 10
+    while "closed its connection before its request arrived whole" not in sim.process.log_tail(50):
+        assert time.monotonic() < deadline, sim.process.log_tail(50)
+        time.sleep(0.1)
+    status, reply = sim.post("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=20)
+    assert status == 200 and reply["usage"]["completion_tokens"] == 2
+    assert "Traceback" not in sim.process.log_tail(200)
+
+
 def test_the_exporter_reads_the_simulator_like_a_vllm_with_its_gpu(tmp_path, sim: SimulatorProcess) -> None:
     config = tmp_path / "batchlens.yaml"
     config.write_text(yaml.safe_dump({"engines": [{"name": "sim", "url": sim.url, "simulated_gpu": True}]}))

@@ -52,6 +52,26 @@ TINY_LLAMA = {
 }
 
 
+def word_tokenizer(vocab_size: int) -> dict[str, str]:
+    """A tokenizer for the tiny Llama, written here (no download): one token per word, ``the`` is id 3.
+
+    For clients that send text, not token ids (the LiteLLM proxy's completions route): `` the`` x N is a
+    prompt of N tokens to it, as to tiktoken and the simulator. File name -> JSON text.
+    """
+    special = ["<unk>", "<s>", "</s>"]
+    vocab = {word: i for i, word in enumerate([*special, "the", *(f"w{i}" for i in range(4, vocab_size))])}
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, t in enumerate(special)]  # fmt: skip
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    }  # fmt: skip
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "model_max_length": 2048}  # fmt: skip
+    return {"tokenizer.json": json.dumps(tokenizer), "tokenizer_config.json": json.dumps(config)}
+
+
 #: /metrics of each vLLM release, captured under load by `make vllm-matrix` (tests/test_vllm_matrix.py).
 RELEASES_DATA = Path(__file__).resolve().parents[1] / "data" / "releases"
 
@@ -153,11 +173,17 @@ def start_vllm(
     max_num_seqs: int = 32,
     memory_fraction: float = 0.3,
     version: str = VLLM_VERSION,
+    text: bool = False,
 ) -> VllmServer:
-    """Start a server and wait for /health. ``memory_fraction`` is --gpu-memory-utilization: on the CPU, of RAM."""
+    """Start a server and wait for /health. ``memory_fraction`` is --gpu-memory-utilization: on the CPU, of RAM.
+
+    Prompts are token ids, unless ``text``: then the model has a word tokenizer (word_tokenizer).
+    """
     model_dir = workdir / "tiny-llama"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
+    for name, content in (word_tokenizer(TINY_LLAMA["vocab_size"]) if text else {}).items():
+        (model_dir / name).write_text(content)
     port = free_port()
     argv = [
         str(vllm_python(version)),
@@ -166,7 +192,7 @@ def start_vllm(
         "--model", str(model_dir),
         "--served-model-name", MODEL_NAME,
         "--load-format", "dummy",
-        "--skip-tokenizer-init",
+        *(() if text else ("--skip-tokenizer-init",)),
         "--gpu-memory-utilization", str(memory_fraction),
         "--max-model-len", "2048",
         "--max-num-seqs", str(max_num_seqs),

@@ -312,6 +312,11 @@ class Routing(_Section):
     proxy_url: str = Field(
         "", description="the LiteLLM proxy; the exporter reports whether it answers (empty: not watched)"
     )
+    metrics_auth: bool = Field(
+        True,
+        description="the proxy's /metrics asks for its master key; false: Prometheus scrapes it without one "
+        "(it only reads; the demo stacks, whose proxy is on loopback or compose's network)",
+    )
     signals_ttl_seconds: float = Field(1.0, gt=0, le=60, description="signals are read at most this often")
     signals_stale_seconds: float = Field(
         15.0, gt=0, description="an engine's signals older than this are unknown: it is neither down nor saturated"

@@ -2,7 +2,10 @@
 
 It starts the simulator, a load generator, the exporter, the remediation hook,
 Prometheus and Alertmanager, and Grafana when a ``grafana-server`` (or
-``grafana``) binary is on the PATH. They run the same provisioning files as
+``grafana``) binary is on the PATH. With a LiteLLM proxy (``make litellm-env``'s,
+or one given), it routes the article's way (docs/routing.md): a second simulator
+takes the interactive class, the proxy with the batchlens plugin sits in front
+of both, and the load goes through it. They run the same provisioning files as
 docker compose: `batchlens build` writes the rules, the dashboards and the
 provisioning into ``RUN/stack`` with this stack's addresses (see stack.py), from
 the installed package alone, so the demo needs no checkout. Each service logs
@@ -30,9 +33,10 @@ from pathlib import Path
 import yaml
 
 from batchlens.artifacts import build
-from batchlens.config import Config
+from batchlens.config import Config, load_config
+from batchlens.routing.proxy_config import litellm_config
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION
-from batchlens.stack import SERVICES, alertmanager_config, native, template
+from batchlens.stack import SERVICES, Address, alertmanager_config, native, template
 
 log = logging.getLogger("batchlens.demo")
 BATCHLENS = [sys.executable, "-m", "batchlens"]
@@ -41,7 +45,11 @@ INSTALL = {
     "prometheus": "sudo apt-get install -y prometheus   (or https://prometheus.io/download/)",
     "alertmanager": "sudo apt-get install -y prometheus-alertmanager   (or https://prometheus.io/download/)",
     "grafana": "see https://grafana.com/grafana/download (Grafana 11.5 or later)",
+    "litellm": "make litellm-env in a batchlens checkout, or pip install 'litellm[proxy]' batchlens",
 }
+#: The LiteLLM environment `make litellm-env` builds (scripts/litellm-env.sh), with batchlens in it.
+LITELLM_ENV = Path.home() / ".cache" / "batchlens" / "litellm-1.106.12"
+SERVED_MODEL = "deepseek-sim"  # the simulators' default --served-model-name
 
 
 @dataclass
@@ -50,11 +58,25 @@ class Service:
     argv: list[str]
     health: str  # URL that answers 200 once the service is up
     env: dict[str, str] = field(default_factory=dict)
+    startup_seconds: float = 60  # until its health URL answers
     process: subprocess.Popen | None = None
 
 
 def find(*names: str) -> str | None:
     return next((path for name in names if (path := shutil.which(name))), None)
+
+
+def find_litellm(choice: str) -> str | None:
+    """``auto``: make litellm-env's proxy (batchlens is in it), else one on the PATH; ``off``: none; else a path."""
+    if choice == "off":
+        return None
+    if choice != "auto":
+        if not (Path(choice).is_file() and os.access(choice, os.X_OK)):
+            raise RuntimeError(f"--litellm {choice}: no executable there (the `litellm` of an environment "
+                               "that has batchlens installed)")  # fmt: skip
+        return choice
+    built = LITELLM_ENV / "bin" / "litellm"
+    return str(built) if built.exists() else find("litellm")
 
 
 def secret(path: Path) -> str:
@@ -68,7 +90,7 @@ def secret(path: Path) -> str:
 class Demo:
     def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 2.5,
                  max_num_seqs: int = 64, steer: bool = True, vllm_version: str = DEFAULT_VLLM_VERSION,
-                 config: Config | None = None):  # fmt: skip
+                 config: Config | None = None, litellm: str = "auto"):  # fmt: skip
         self.run = run_dir.resolve()
         self.stack = self.run / "stack"  # alerts/, dashboards/, provisioning/ as `batchlens build` writes them
         self.config = config or Config()  # its thresholds shape the rules and dashboards
@@ -76,39 +98,54 @@ class Demo:
         self.steer = steer  # run the controller (else the breaker alone acts, as before stage 3)
         self.vllm_version = vllm_version  # the metric dialect the simulator speaks
         self.address = native(offset)
+        # The proxy's binary (find_litellm); None: no routing, the load goes straight to the engine.
+        self.litellm, self.litellm_choice = find_litellm(litellm), litellm
         self.services: list[Service] = []
         self.missing: dict[str, str] = {}
 
     def url(self, service: str) -> str:
         return f"http://{self.address(service)}"
 
+    def targets(self) -> Address:
+        """This stack's addresses, for Prometheus: the proxy only where it runs."""
+        return lambda service: None if service == "litellm" and not self.litellm else self.address(service)
+
     def prepare(self) -> list[Service]:
         """Write the run folder's config files and list the services to start, in order."""
         (self.run / "logs").mkdir(parents=True, exist_ok=True)
-        build(self.config, self.stack, check=False, address=self.address)
+        build(self.config, self.stack, check=False, address=self.targets())
         admin, webhook = secret(self.run / "admin-token"), self.run / "webhook-token"
         secret(webhook)
         tokens = {"BATCHLENS_ADMIN_TOKEN": admin, "BATCHLENS_WEBHOOK_TOKEN": webhook.read_text().strip()}
         config = self.run / "batchlens.yaml"
         config.write_text(yaml.safe_dump({
-            "engines": [{"name": "demo", "url": self.url("simulate"), "simulated_gpu": True}],
+            "engines": self.engines(),
             "exporter": {"listen": self.address("exporter"), "nvml": False},  # the simulator is the GPU here
             "remediate": {"listen": self.address("remediate"), "state_path": str(self.run / "remediate.sqlite"),
                           "alertmanager_url": self.url("alertmanager")},
             # The controller steers the batch limit; the breaker stays the safety layer around it.
             "control": {"enabled": self.steer, "interval_seconds": 2 / self.speed,
                         "drain_seconds": 5 / self.speed},
+            **({"routing": {"model": SERVED_MODEL, "exporter_url": self.url("exporter"),
+                            "proxy_url": self.url("litellm"), "metrics_auth": False}} if self.litellm else {}),
         }, sort_keys=False))  # fmt: skip
-        services = [
-            Service("simulate", [*BATCHLENS, "simulate", "--listen", self.address("simulate"), "--speed",
-                                 str(self.speed), "--max-num-seqs", str(self.max_num_seqs),
-                                 "--vllm-version", self.vllm_version],
-                    self.url("simulate") + "/health", {"BATCHLENS_ADMIN_TOKEN": admin}),
+        services = [self._simulator("simulate", self.max_num_seqs, admin)]
+        if self.litellm:  # a small batch for the interactive class, beside the main engine
+            services.append(self._simulator("simulate-interactive", 8, admin))
+        services += [
             Service("exporter", [*BATCHLENS, "exporter", "--config", str(config)], self.url("exporter") + "/healthz",
                     tokens),
             Service("remediate", [*BATCHLENS, "remediate", "--config", str(config)],
                     self.url("remediate") + "/healthz", tokens),
         ]  # fmt: skip
+        load_via: list[str] = []
+        if self.litellm:
+            key = {"LITELLM_MASTER_KEY": secret(self.run / "litellm-master-key")}
+            services.append(self._proxy(config, key))
+            load_via = ["--api-key-env", "LITELLM_MASTER_KEY", "--text-prompts", "--model", SERVED_MODEL,
+                        "--interactive-share", "0.2"]  # fmt: skip
+        elif self.litellm_choice == "auto":
+            self.missing["litellm"] = INSTALL["litellm"]
         alertmanager = find("prometheus-alertmanager", "alertmanager")
         if alertmanager:
             am_config = self.run / "alertmanager.yml"
@@ -136,10 +173,34 @@ class Demo:
         else:
             self.missing["grafana"] = INSTALL["grafana"]
         services.append(Service("load", [
-            *BATCHLENS, "load", "--url", self.url("simulate"), "--rate", str(self.rate), "--duration", "86400",
-            "--arrival", "bursty", "--output-tokens", "64,128,256",
-        ], ""))  # fmt: skip
+            *BATCHLENS, "load", "--url", self.url("litellm" if self.litellm else "simulate"), "--rate", str(self.rate),
+            "--duration", "86400", "--arrival", "bursty", "--output-tokens", "64,128,256", *load_via,
+        ], "", key if self.litellm else {}))  # fmt: skip
         return services
+
+    def engines(self) -> list[dict]:
+        if not self.litellm:
+            return [{"name": "demo", "url": self.url("simulate"), "simulated_gpu": True}]
+        return [
+            {"name": "demo", "url": self.url("simulate"), "simulated_gpu": True, "role": ["main", "long", "cold"]},
+            {"name": "demo-interactive", "url": self.url("simulate-interactive"), "simulated_gpu": True,
+             "role": "interactive"},
+        ]  # fmt: skip
+
+    def _simulator(self, name: str, max_num_seqs: int, admin: str) -> Service:
+        return Service(name, [*BATCHLENS, "simulate", "--listen", self.address(name), "--speed", str(self.speed),
+                              "--max-num-seqs", str(max_num_seqs), "--vllm-version", self.vllm_version],
+                       self.url(name) + "/health", {"BATCHLENS_ADMIN_TOKEN": admin})  # fmt: skip
+
+    def _proxy(self, config: Path, key: dict[str, str]) -> Service:
+        """The LiteLLM proxy with the config `batchlens build` would write for these engines, and the plugin."""
+        proxy = self.run / "litellm.yaml"
+        proxy.write_text(yaml.safe_dump(litellm_config(load_config(config, environ={})), sort_keys=False))
+        host, port = self.address("litellm").rsplit(":", 1)
+        # Offline, LiteLLM would spend seconds fetching its model cost map from GitHub first.
+        env = {**key, "BATCHLENS_CONFIG": str(config), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        argv = [self.litellm, "--config", str(proxy), "--host", host, "--port", port, "--num_workers", "1"]
+        return Service("litellm", argv, self.url("litellm") + "/health/liveliness", env, startup_seconds=120)
 
     def _grafana(self, binary: str) -> Service:
         home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
@@ -180,7 +241,7 @@ class Demo:
                         "or run with --port-offset N"
                     ) from None
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self) -> None:
         services = self.prepare()
         self.check_ports(services)
         for service in services:
@@ -192,7 +253,7 @@ class Demo:
             out.close()
             self.services.append(service)
             if service.health:
-                self._wait(service, timeout)
+                self._wait(service, service.startup_seconds)
             log.info("%s started (pid %d)", service.name, service.process.pid)
 
     def _wait(self, service: Service, timeout: float) -> None:
@@ -212,7 +273,8 @@ class Demo:
     def summary(self) -> str:
         lines = ["batchlens demo is running. Ctrl-C stops it.", f"  run folder   {self.run}"]
         urls = {
-            "simulate": "/v1/models", "exporter": "/metrics", "remediate": "/healthz",
+            "simulate": "/v1/models", "simulate-interactive": "/v1/models", "litellm": "/metrics/",
+            "exporter": "/metrics", "remediate": "/healthz",
             "prometheus": "/alerts", "alertmanager": "/#/alerts", "grafana": "/dashboards",
         }  # fmt: skip
         for service in self.services:

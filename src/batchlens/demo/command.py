@@ -29,15 +29,28 @@ from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, dialect
 @click.option("--vllm-version", default=DEFAULT_VLLM_VERSION, show_default=True,
               help="The vLLM release whose metric names the simulator speaks (0.10 to 0.33; 0.10 and 0.11 add "
                    "the deprecated ones), to see the stack on an older release's series.")  # fmt: skip
+@click.option("--litellm", default="auto", show_default=True, metavar="auto|off|PATH",
+              help="Route through a LiteLLM proxy with the batchlens plugin (docs/routing.md): a second simulator "
+              "takes the interactive class and the load goes through the proxy. auto: the proxy `make "
+              "litellm-env` built, else `litellm` on the PATH, else none; off: none; or the path of a `litellm` "
+              "whose environment has batchlens installed.")  # fmt: skip
 def demo(
-    run_dir: str, port_offset: int, speed: float, rate: float, max_num_seqs: int, steer: bool, vllm_version: str
+    run_dir: str,
+    port_offset: int,
+    speed: float,
+    rate: float,
+    max_num_seqs: int,
+    steer: bool,
+    vllm_version: str,
+    litellm: str,
 ) -> None:
     """Run the whole stack natively, without Docker, until Ctrl-C.
 
     The simulator (a vLLM stand-in with a simulated A100) under bursty load, the
     exporter, the remediation hook, Prometheus with the rules, Alertmanager with
     the routing, and Grafana with the dashboards when grafana-server is
-    installed. Everything lives in --run-dir; the URLs are printed once all is
+    installed, and the LiteLLM proxy routing in front of the engines when it is
+    found (--litellm). Everything lives in --run-dir; the URLs are printed once all is
     up. Prometheus and Alertmanager come from the Debian packages prometheus and
     prometheus-alertmanager; a missing one is reported and the rest starts.
     """
@@ -52,6 +65,6 @@ def demo(
         raise click.BadParameter(str(exc), param_hint="--vllm-version") from None
     try:
         run(Demo(Path(run_dir), offset=port_offset, speed=speed, rate=rate, max_num_seqs=max_num_seqs, steer=steer,
-                 vllm_version=vllm_version, config=load_or_fail(None, {})))  # fmt: skip
+                 vllm_version=vllm_version, config=load_or_fail(None, {}), litellm=litellm))  # fmt: skip
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None

@@ -127,18 +127,24 @@ async def send(
 
 
 async def run(
-    url: str, planned: Sequence[Planned], *, model: str | None, timeout: float, max_connections: int
+    url: str,
+    planned: Sequence[Planned],
+    *,
+    model: str | None,
+    timeout: float,
+    max_connections: int,
+    via: Via = DIRECT,
 ) -> tuple[str, list[Result], float]:
     """Send each planned request at its time; return the model used, the results and the wall time."""
     connector = aiohttp.TCPConnector(limit=max_connections)
     async with aiohttp.ClientSession(connector=connector) as session:
-        model = model or await first_model(session, url, min(timeout, 10))
+        model = model or await first_model(session, url, min(timeout, 10), via)
         loop = asyncio.get_running_loop()
         start = loop.time()
 
         async def at_its_time(p: Planned) -> Result:
             await asyncio.sleep(max(0.0, start + p.at - loop.time()))
-            return await send(session, url, model, p, timeout)
+            return await send(session, url, model, p, timeout, via)
 
         results = await asyncio.gather(*(at_its_time(p) for p in planned))
         return model, list(results), loop.time() - start

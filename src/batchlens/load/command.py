@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchlens.clikit import HttpUrl, token_counts
+from batchlens.clikit import HttpUrl, proxy_options, proxy_via, token_counts
 from batchlens.load.plan import ARRIVALS
 
 
@@ -33,6 +33,10 @@ from batchlens.load.plan import ARRIVALS
               help="Output lengths to draw from (ignore_eos).")  # fmt: skip
 @click.option("--stream-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of requests that stream (only those give TTFT and ITL).")  # fmt: skip
+@click.option("--interactive-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of requests sent as the interactive latency class (the header "
+              "x-batchlens-latency-class: interactive), for a routing proxy (docs/routing.md).")  # fmt: skip
+@proxy_options(prefix="For a proxy: ")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True)
 @click.option("--max-connections", type=click.IntRange(1), default=512, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same schedule and lengths.")
@@ -46,6 +50,9 @@ def load(
     prompt_tokens: tuple[int, ...],
     output_tokens: tuple[int, ...],
     stream_share: float,
+    interactive_share: float,
+    api_key_env: str | None,
+    text_prompts: bool,
     timeout: float,
     max_connections: int,
     seed: int,
@@ -69,12 +76,12 @@ def load(
 
     spec = LoadSpec(
         rate=rate, duration=duration, arrival=arrival, prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens, stream_share=stream_share, seed=seed,
+        output_tokens=output_tokens, stream_share=stream_share, interactive_share=interactive_share, seed=seed,
     )  # fmt: skip
-    planned = plan(spec)
+    planned, how = plan(spec), proxy_via(api_key_env, text_prompts)
     try:
         used, results, wall = asyncio.run(
-            run(url.rstrip("/"), planned, model=model, timeout=timeout, max_connections=max_connections)
+            run(url.rstrip("/"), planned, model=model, timeout=timeout, max_connections=max_connections, via=how)
         )
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load {url}: {exc}") from None

@@ -30,6 +30,8 @@ class LoadSpec:
     prompt_tokens: Sequence[int] = ARTICLE_PROMPT_TOKENS
     output_tokens: Sequence[int] = (128,)
     stream_share: float = 0.5
+    interactive_share: float = 0.0  # of requests sent in the latency class below (the routing header)
+    latency_class: str = "interactive"
     burst_seconds: float = 2.0
     burst_factor: float = 3.0
     seed: int = 1
@@ -70,6 +72,10 @@ def plan(spec: LoadSpec) -> list[Planned]:
                 prompt_tokens=rng.choice(list(spec.prompt_tokens)),
                 max_tokens=rng.choice(list(spec.output_tokens)),
                 stream=rng.random() < spec.stream_share,
+                # Drawn only when asked for, so that a seed's schedule stays what it was without classes.
+                latency_class=spec.latency_class
+                if spec.interactive_share and rng.random() < spec.interactive_share
+                else "",
             )
         )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from batchlens.clikit import HttpUrl, config_option, load, writable_folder
+from batchlens.clikit import HttpUrl, config_option, load, proxy_options, proxy_via, writable_folder
 from batchlens.replay.traces import FORMATS
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
@@ -30,12 +30,7 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               help="Or replay in real time against this server (vLLM, batchlens simulate), streaming every "
               "request; its batch limit is whatever steers it (batchlens remediate with control.enabled).")  # fmt: skip
 @click.option("--served-model", metavar="NAME", help="With --url: the model to ask for [default: the first listed].")
-@click.option("--api-key-env", metavar="VAR",
-              help="With --url: the environment variable holding the server's key (a LiteLLM proxy's), sent as "
-              "a Bearer token. The key itself never goes on the command line.")  # fmt: skip
-@click.option("--text-prompts", is_flag=True,
-              help="With --url: send each prompt as text of as many tokens (for a proxy such as LiteLLM, whose "
-              "completions route takes no token ids) instead of token ids.")  # fmt: skip
+@proxy_options(prefix="With --url: ")
 @click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True)
 @click.option("--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL, show_default=True)
 @click.option("--max-num-seqs", type=click.IntRange(1), default=256, show_default=True,
@@ -123,7 +118,7 @@ def replay(
         raise click.ClickException(f"{trace}: no request between {start:g} s and {start + (duration or 0):g} s")
 
     if url is not None:
-        via = _via(api_key_env, text_prompts, config.routing.latency_header)
+        via = proxy_via(api_key_env, text_prompts, config.routing.latency_header)
         _replay_live(url, served_model, requests, slo, as_json, folder, trace, via)
         return
 
@@ -158,19 +153,6 @@ def replay(
         write_csv(runs, best, folder / "replay.csv")
         write_png(runs, best, requests, folder / "replay.png", title=Path(trace).name)
         click.echo(f"wrote {folder / 'replay.csv'} and {folder / 'replay.png'}", err=as_json)
-
-
-def _via(api_key_env: str | None, text: bool, class_header: str):
-    import os
-
-    from batchlens.load.client import Via
-
-    key = None
-    if api_key_env:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise click.BadParameter(f"{api_key_env} is not set in the environment", param_hint="--api-key-env")
-    return Via(text=text, api_key=key, class_header=class_header)
 
 
 def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path | None, trace: str, via) -> None:

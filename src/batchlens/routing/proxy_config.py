@@ -48,7 +48,10 @@ def litellm_config(config: Config) -> dict:
             "cooldown_time": 10,
             "fallbacks": [{model: [fallback]}],
         },
-        "litellm_settings": {"callbacks": ["prometheus", PLUGIN]},
+        "litellm_settings": {
+            "callbacks": ["prometheus", PLUGIN],
+            **({} if config.routing.metrics_auth else {"require_auth_for_metrics_endpoint": False}),
+        },
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
     }
 

@@ -146,6 +146,9 @@ class Simulator:
             return _error(api.ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes"))
         except api.ApiError as exc:
             return _error(exc)
+        except ConnectionError:  # the client went away mid-body (a proxy stopped): nobody to answer, nothing to run
+            log.info("a client closed its connection before its request arrived whole")
+            return web.Response(status=400)
         self.arrivals.arrived(time.monotonic())
         pending = self.submit(req.prompt_tokens, req.max_tokens)
         self.arrivals.answered(req.stream)
