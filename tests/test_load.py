@@ -40,6 +40,15 @@ def test_steady_arrivals_are_evenly_spaced() -> None:
     assert [p.at for p in planned] == pytest.approx([0.25 * k for k in range(1, 40)])
 
 
+def test_a_share_of_the_load_is_sent_in_the_interactive_class_and_the_schedule_stays() -> None:
+    spec = LoadSpec(rate=50, duration=20)
+    classed = plan(LoadSpec(rate=50, duration=20, interactive_share=0.2))
+    assert 0.15 < sum(p.latency_class == "interactive" for p in classed) / len(classed) < 0.25
+    assert {p.latency_class for p in plan(spec)} == {""}
+    # Without classes, no draw is spent on them: a seed's schedule is what it was before classes existed.
+    assert [p.at for p in plan(spec)][:5] == pytest.approx([0.0029, 0.0315, 0.0335, 0.0622, 0.0946], abs=1e-4)
+
+
 def test_the_plan_refuses_nonsense() -> None:
     with pytest.raises(ValueError):
         plan(LoadSpec(rate=0, duration=1))

@@ -123,6 +123,14 @@ def test_an_older_releases_dialect_is_served_and_an_unsupported_release_refused(
     assert refused.returncode == 1 and "vLLM 0.9.2 is outside the releases batchlens supports" in refused.stderr
 
 
+def test_a_max_model_len_the_kv_cache_cannot_hold_is_refused_at_start_as_vllm_does() -> None:
+    """A 7B model on a T4 leaves room for 1712 tokens: an 8192-token request would wait forever."""
+    refused = subprocess.run([BATCHLENS, "simulate", "--gpu", "t4", "--model", "dense-7b"], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    assert "--max-model-len 8192 is larger than the 1712 tokens the KV cache of dense-7b on t4 holds" in refused.stderr
+
+
 def test_a_lowered_limit_holds_the_running_batch(sim: SimulatorProcess) -> None:
     admin = AdminClient(sim.url, sim.token)
     admin.set_limit(2)

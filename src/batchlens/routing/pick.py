@@ -37,8 +37,8 @@ def pick(wanted: str, roles: Mapping[str, Sequence[str]], states: Mapping[str, s
     queued = tuple(e for e in roles.get(wanted, ()) if states.get(e) == SATURATED)
     if queued:
         return Route(wanted, queued, why)
-    alive = tuple(e for e in dict.fromkeys(e for es in roles.values() for e in es) if states.get(e) != DOWN)
     everything = tuple(dict.fromkeys(e for es in roles.values() for e in es))
+    alive = tuple(e for e in everything if states.get(e) != DOWN)
     return Route(wanted if set(alive) & set(roles.get(wanted, ())) else "any", alive or everything, why)
 
 

@@ -68,6 +68,12 @@ def simulate(
             GPUS[gpu_name], MODELS[model_profile], max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
         )  # fmt: skip
+        room = engine.num_gpu_blocks * block_size
+        if room < max_model_len:  # as vLLM refuses to start: a request that long would wait forever
+            raise ValueError(
+                f"--max-model-len {max_model_len} is larger than the {room} tokens the KV cache of {model_profile} "
+                f"on {gpu_name} holds: lower --max-model-len, or pick a larger --gpu"
+            )
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     simulator = Simulator(
