@@ -26,16 +26,16 @@ from harness.simulator import SIM_TOKEN, SimulatorProcess
 
 pytestmark = [pytest.mark.litellm, pytest.mark.slow]
 SECONDS = 75
-#: The engines run at a tenth of real time, so that they, not the proxy (Python, on the same two cores as
+#: The engines run at a twentieth of real time, so that they, not the proxy (Python, on the same two cores as
 #: everything else), are what the load contends for: each streamed token costs the proxy CPU, and with faster
-#: engines its own tail (seconds, measured) hid the engines'.
-SPEED = 0.1
+#: engines its event loop's lag (seconds, measured at a tenth) hid the engines' queues.
+SPEED = 0.05
 LONG_PROMPTS = (3000, 5000)
-#: A bursty main load of long answers (about 15 in flight on average, 30 and more in a burst: main's 32 slots
-#: hold it, routed); interactive requests, short and steady; now and then a prompt over 2048 tokens.
+#: A bursty main load whose answers take seconds (about 15 in flight on average, 30 and more in a burst: main's
+#: 32 slots hold it, routed); interactive requests, short and steady; now and then a prompt over 2048 tokens.
 STREAMS = (
-    {"class": "", "rate": 2.5, "cv": 2.0, "prompts": (256, 512, 1024), "outputs": (32, 64)},
-    {"class": "interactive", "rate": 1.2, "cv": 1.0, "prompts": (64, 128), "outputs": (4, 8)},
+    {"class": "", "rate": 2.5, "cv": 2.0, "prompts": (256, 512, 1024), "outputs": (16, 32)},
+    {"class": "interactive", "rate": 1.2, "cv": 1.0, "prompts": (64, 128), "outputs": (2, 4)},
     {"class": "", "rate": 0.1, "cv": 1.0, "prompts": LONG_PROMPTS, "outputs": (8,)},
 )
 #: engine -> (its role when routed, its batch capacity)
@@ -92,7 +92,7 @@ def run(tmp_path, litellm_env, trace, routed: bool) -> tuple[dict, dict[str, Sim
             engine.stop()
 
 
-def test_routing_halves_the_interactive_tail_and_keeps_long_prompts_off_main(tmp_path, litellm_env) -> None:
+def test_routing_halves_the_interactive_tail_and_keeps_long_prompts_off_main(tmp_path, litellm_env, capsys) -> None:
     trace = tmp_path / "mixed.jsonl"
     counts = write_mixed_trace(trace, SECONDS, STREAMS)
     longs = sum(json.loads(line)["prompt_tokens"] in LONG_PROMPTS for line in trace.read_text().splitlines())
@@ -115,4 +115,9 @@ def test_routing_halves_the_interactive_tail_and_keeps_long_prompts_off_main(tmp
     # Long prompts never reach main, so they cost it no preemption; in the pool they went everywhere.
     assert routed["long_prompts"]["main"] == 0 and routed["preemptions"]["main"] == 0
     assert pooled["long_prompts"]["main"] + pooled["long_prompts"]["fast"] > 0
-    assert interactive["routed"]["p99_ttft_s"] <= 0.5 * interactive["pooled"]["p99_ttft_s"], interactive
+    ratio = interactive["routed"]["p99_ttft_s"] / interactive["pooled"]["p99_ttft_s"]
+    with capsys.disabled():  # the figures, in every run's log (docs/routing.md quotes them)
+        print(f"\nrouting benefit: interactive P99 TTFT routed {interactive['routed']['p99_ttft_s']:.2f} s, "
+              f"one pool {interactive['pooled']['p99_ttft_s']:.2f} s, ratio {ratio:.3f}; long prompts on main "
+              f"{routed['long_prompts']['main']:.0f} routed, {pooled['long_prompts']['main']:.0f} pooled")  # fmt: skip
+    assert ratio <= 0.5, interactive

@@ -27,7 +27,7 @@ from harness.procs import free_port, http_get, wait_until
 from harness.prometheus import PrometheusServer
 from harness.simulator import SIM_TOKEN, SimulatorProcess
 
-pytestmark = [pytest.mark.litellm, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.litellm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 VARIABLES = {"cluster": ".*", "__rate_interval": "15s", "__range": "60s", "__interval": "5s"}
 LONG = " hello" * 3000  # over 2048 tokens by any tokenizer (LiteLLM counts text with tiktoken's cl100k here)
