@@ -144,3 +144,12 @@ def test_the_stacks_addresses_come_from_one_table() -> None:
     assert native(7)("exporter") == "127.0.0.1:9407"
     with pytest.raises(ValueError, match="no longer holds"):
         alertmanager_config("receivers: []", native(), "/x")
+
+
+def test_the_litellm_release_is_pinned_in_one_place_and_installed_as_pinned() -> None:
+    from batchlens.routing.proxy_config import LITELLM_VERSION
+
+    script = (ROOT / "scripts" / "litellm-env.sh").read_text()
+    dockerfile = (ROOT / "docker" / "litellm.Dockerfile").read_text()
+    assert f'LITELLM_VERSION="${{LITELLM_VERSION:-{LITELLM_VERSION}}}"' in script
+    assert f"ARG LITELLM_VERSION={LITELLM_VERSION}\n" in dockerfile

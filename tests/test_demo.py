@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from batchlens.stack import SERVICES
-from harness.exporter import BATCHLENS, one, parse_samples, pick
+from harness.exporter import BATCHLENS, one, parse_samples, pick, scraped_sum
 from harness.grafana import panel_results, walk_panels
 from harness.litellm import litellm_venv
 from harness.procs import Process, http_get
@@ -151,9 +151,9 @@ def test_with_the_litellm_proxy_the_demo_routes_each_class_to_its_engine(tmp_pat
         print(f"routing row has data after {time.monotonic() - t0:.1f} s")
         exported = parse_samples(http_get(url["exporter"] + "/metrics")[1].decode())
         assert one(exported, "batchlens_source_up", source="litellm") == 1  # the exporter watches the proxy
-        served = {name: sum(pick(parse_samples(http_get(url[name] + "/metrics")[1].decode()),
-                                 "vllm:request_success_total").values())
-                  for name in ("simulate", "simulate-interactive")}  # fmt: skip
+        served = {
+            name: scraped_sum(url[name], "vllm:request_success_total") for name in ("simulate", "simulate-interactive")
+        }
         assert all(served.values()), served
     finally:
         ctrl_c(demo)

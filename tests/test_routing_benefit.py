@@ -18,9 +18,8 @@ import yaml
 
 from batchlens.config import load_config
 from batchlens.routing.proxy_config import litellm_config
-from harness.exporter import ExporterProcess, parse_samples, pick
+from harness.exporter import ExporterProcess, parse_samples, pick, scraped_sum
 from harness.litellm import MASTER_KEY, LitellmProxy
-from harness.procs import http_get
 from harness.replay import replay, write_mixed_trace
 from harness.simulator import SIM_TOKEN, SimulatorProcess
 
@@ -42,16 +41,10 @@ STREAMS = (
 ENGINES = {"main": ("main", 32), "fast": ("interactive", 4), "long": ("long", 4), "cold": ("cold", 2)}
 
 
-def engine_counter(engine: SimulatorProcess, name: str, **labels: str) -> float:
-    status, body = http_get(engine.url + "/metrics")
-    assert status == 200
-    return sum(pick(parse_samples(body.decode()), name, **labels).values())
-
-
 def long_prompts(engine: SimulatorProcess) -> float:
     """Prompts over 2000 tokens the engine served, from its own histogram (vLLM's buckets stop at 2000 here)."""
     histogram = "vllm:request_prompt_tokens"
-    return engine_counter(engine, histogram + "_count") - engine_counter(engine, histogram + "_bucket", le="2000.0")
+    return scraped_sum(engine.url, histogram + "_count") - scraped_sum(engine.url, histogram + "_bucket", le="2000.0")
 
 
 def run(tmp_path, litellm_env, trace, routed: bool) -> tuple[dict, dict[str, SimulatorProcess]]:
@@ -77,8 +70,8 @@ def run(tmp_path, litellm_env, trace, routed: bool) -> tuple[dict, dict[str, Sim
                       env={"PROXY_KEY": MASTER_KEY})  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         figures = json.loads(done.stdout)
-        figures["served"] = {n: engine_counter(e, "vllm:request_success_total") for n, e in engines.items()}
-        figures["preemptions"] = {n: engine_counter(e, "vllm:num_preemptions_total") for n, e in engines.items()}
+        figures["served"] = {n: scraped_sum(e.url, "vllm:request_success_total") for n, e in engines.items()}
+        figures["preemptions"] = {n: scraped_sum(e.url, "vllm:num_preemptions_total") for n, e in engines.items()}
         figures["long_prompts"] = {n: long_prompts(e) for n, e in engines.items()}
         figures["decisions"] = {
             "/".join(dict(k)[n] for n in ("wanted", "role", "fallback")): v

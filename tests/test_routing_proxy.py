@@ -20,10 +20,10 @@ import yaml
 
 from batchlens.config import load_config
 from batchlens.routing.proxy_config import litellm_config
-from harness.exporter import ExporterProcess, one, parse_samples, pick
+from harness.exporter import ExporterProcess, one, parse_samples, pick, scraped_sum
 from harness.grafana import panel_results, walk_panels
 from harness.litellm import MASTER_KEY, LitellmProxy
-from harness.procs import free_port, http_get, wait_until
+from harness.procs import free_port, wait_until
 from harness.prometheus import PrometheusServer
 from harness.simulator import SIM_TOKEN, SimulatorProcess
 
@@ -34,9 +34,7 @@ LONG = " hello" * 3000  # over 2048 tokens by any tokenizer (LiteLLM counts text
 
 
 def served(engine: SimulatorProcess) -> float:
-    status, body = http_get(engine.url + "/metrics")
-    assert status == 200, f"{engine.url}/metrics answered {status}"
-    return sum(pick(parse_samples(body.decode()), "vllm:request_success_total").values())
+    return scraped_sum(engine.url, "vllm:request_success_total")
 
 
 def decisions(proxy: LitellmProxy) -> dict[tuple[str, str, str, str], float]:

@@ -22,9 +22,9 @@ import yaml
 
 from batchlens.config import load_config
 from batchlens.routing.proxy_config import litellm_config
-from harness.exporter import parse_samples, pick
+from harness.exporter import parse_samples, pick, scraped_sum
 from harness.litellm import LitellmProxy
-from harness.procs import free_port, http_get
+from harness.procs import free_port
 from harness.simulator import SimulatorProcess
 from harness.vllm import MODEL_NAME, start_vllm
 
@@ -35,9 +35,7 @@ EXACT = {"extra_body": {"ignore_eos": True}}
 
 
 def served(url: str) -> float:
-    status, body = http_get(url + "/metrics")
-    assert status == 200, f"{url}/metrics answered {status}"
-    return sum(pick(parse_samples(body.decode()), "vllm:request_success_total").values())
+    return scraped_sum(url, "vllm:request_success_total")
 
 
 def tokens(n: int) -> str:

@@ -43,6 +43,13 @@ def one(samples: Samples, name: str, **labels: str) -> float:
     return next(iter(found.values()))
 
 
+def scraped_sum(url: str, name: str, **labels: str) -> float:
+    """``name``'s samples (with ``labels``) summed, from one scrape of ``url``/metrics: an engine's own counters."""
+    status, body = http_get(url + "/metrics")
+    assert status == 200, f"{url}/metrics answered {status}"
+    return sum(pick(parse_samples(body.decode()), name, **labels).values())
+
+
 class ExporterProcess:
     def __init__(
         self,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from batchlens.demo import LITELLM_ENV as DEFAULT_VENV  # make litellm-env's, where the demo finds it too
+from batchlens.routing.proxy_config import LITELLM_VERSION
 from harness.procs import Process, free_port
 
-LITELLM_VERSION = "1.106.12"  # scripts/litellm-env.sh pins the same release
-DEFAULT_VENV = Path.home() / ".cache" / "batchlens" / f"litellm-{LITELLM_VERSION}"
 MASTER_KEY = "sk-batchlens-test-master-key-0123456789"
 #: LiteLLM fetches its model cost map from GitHub at start; offline, it retries for seconds, then uses its copy.
 OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}

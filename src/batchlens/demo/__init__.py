@@ -34,7 +34,7 @@ import yaml
 
 from batchlens.artifacts import build
 from batchlens.config import Config, load_config
-from batchlens.routing.proxy_config import litellm_config
+from batchlens.routing.proxy_config import LITELLM_VERSION, litellm_config
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION
 from batchlens.stack import SERVICES, Address, alertmanager_config, native, template
 
@@ -48,7 +48,7 @@ INSTALL = {
     "litellm": "make litellm-env in a batchlens checkout, or pip install 'litellm[proxy]' batchlens",
 }
 #: The LiteLLM environment `make litellm-env` builds (scripts/litellm-env.sh), with batchlens in it.
-LITELLM_ENV = Path.home() / ".cache" / "batchlens" / "litellm-1.106.12"
+LITELLM_ENV = Path.home() / ".cache" / "batchlens" / f"litellm-{LITELLM_VERSION}"
 SERVED_MODEL = "deepseek-sim"  # the simulators' default --served-model-name
 
 
@@ -138,10 +138,11 @@ class Demo:
             Service("remediate", [*BATCHLENS, "remediate", "--config", str(config)],
                     self.url("remediate") + "/healthz", tokens),
         ]  # fmt: skip
-        load_via: list[str] = []
+        load_via: list[str] = []  # the load's flags and env when it goes through the proxy
+        load_env: dict[str, str] = {}
         if self.litellm:
-            key = {"LITELLM_MASTER_KEY": secret(self.run / "litellm-master-key")}
-            services.append(self._proxy(config, key))
+            load_env = {"LITELLM_MASTER_KEY": secret(self.run / "litellm-master-key")}
+            services.append(self._proxy(config, load_env))
             load_via = ["--api-key-env", "LITELLM_MASTER_KEY", "--text-prompts", "--model", SERVED_MODEL,
                         "--interactive-share", "0.2"]  # fmt: skip
         elif self.litellm_choice == "auto":
@@ -175,7 +176,7 @@ class Demo:
         services.append(Service("load", [
             *BATCHLENS, "load", "--url", self.url("litellm" if self.litellm else "simulate"), "--rate", str(self.rate),
             "--duration", "86400", "--arrival", "bursty", "--output-tokens", "64,128,256", *load_via,
-        ], "", key if self.litellm else {}))  # fmt: skip
+        ], "", load_env))  # fmt: skip
         return services
 
     def engines(self) -> list[dict]:

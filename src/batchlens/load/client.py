@@ -34,8 +34,11 @@ class Via:
     api_key: str | None = None
     class_header: str = "x-batchlens-latency-class"
 
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def headers(self, p: Planned) -> dict[str, str]:
-        out = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        out = self.auth()
         if p.latency_class:
             out[self.class_header] = p.latency_class
         return out
@@ -44,12 +47,11 @@ class Via:
 DIRECT = Via()
 
 
-async def first_model(session: aiohttp.ClientSession, url: str, timeout: float = 10, via: Via | None = None) -> str:
+async def first_model(session: aiohttp.ClientSession, url: str, timeout: float = 10, via: Via = DIRECT) -> str:
     """The first model the server lists; ValueError, saying what came back, when it is no OpenAI server."""
     target = url + "/v1/models"
-    headers = {"Authorization": f"Bearer {via.api_key}"} if via is not None and via.api_key else None
     try:
-        async with session.get(target, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with session.get(target, headers=via.auth(), timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             status, text = resp.status, await resp.text(errors="replace")
     except TimeoutError:
         raise ValueError(f"{target} did not answer within {timeout:g} s") from None

@@ -19,6 +19,9 @@ from __future__ import annotations
 from batchlens.config import Config, Engine
 from batchlens.routing.router import ENGINE_TAG
 
+#: The LiteLLM release whose proxy hook API the plugin targets; scripts/litellm-env.sh and
+#: docker/litellm.Dockerfile install the same one (a test checks them).
+LITELLM_VERSION = "1.106.12"
 PLUGIN = "batchlens.routing.litellm_proxy.routing"
 FALLBACK_TAG = "default"  # LiteLLM's tag for deployments that take requests no other tag matched
 
