@@ -12,6 +12,7 @@ import json
 
 import pytest
 from lightkube.resources.core_v1 import Pod
+from pydantic import ValidationError
 
 from batchlens.config import Kubernetes
 from batchlens.discovery.pods import engines_of
@@ -24,13 +25,40 @@ from harness.remediate import RemediateProcess, alert, notification
 def test_running_pods_with_an_ip_are_engines_and_the_rest_is_counted() -> None:
     terminating = pod("vllm-9", "10.1.0.9")
     terminating["metadata"]["deletionTimestamp"] = "2026-12-01T11:00:00Z"
-    pods = [pod("vllm-1", "10.1.0.8"), pod("vllm-0", "fd00::7"), pod("vllm-2", None), terminating]
-    engines, skipped = engines_of([Pod.from_dict(p) for p in pods], Kubernetes(port=8001))
+    other_key = pod("vllm-5", "10.1.0.5", token_secret={"name": "batchlens-admin-token", "key": "other"})
+    pods = [
+        pod("vllm-1", "10.1.0.8"), pod("vllm-0", "fd00::7"), pod("vllm-2", None), terminating,
+        pod("impostor", "10.1.0.6", token_secret=None),  # wears the label, holds no admin token
+        pod("its-own", "10.1.0.7", token_secret={"name": "my-secret", "key": "token"}),  # another Secret
+        other_key,
+        pod("not-vllm", "10.9.0.1", namespace="tenant-evil"),  # a namespace the config does not list
+    ]  # fmt: skip
+    settings = Kubernetes(port=8001, namespaces=["serving", "team-b"])
+    engines, skipped = engines_of([Pod.from_dict(p) for p in pods], settings)
     assert [(e.name, e.url, e.labels) for e in engines] == [
         ("serving/vllm-0", "http://[fd00::7]:8001", {"namespace": "serving", "pod": "vllm-0"}),
         ("serving/vllm-1", "http://10.1.0.8:8001", {"namespace": "serving", "pod": "vllm-1"}),
     ]
-    assert skipped == {"no_ip": 1, "terminating": 1}
+    assert skipped == {"no_ip": 1, "terminating": 1, "no_admin_token_secret": 3, "namespace_not_listed": 1}
+    assert all(e.admin_token({"BATCHLENS_ADMIN_TOKEN": "shared"}) == "shared" for e in engines)  # no pod token yet
+
+
+def test_discovery_is_scoped_to_listed_namespaces_and_holds_no_shared_token() -> None:
+    with pytest.raises(ValidationError, match="discover needs namespaces"):
+        Kubernetes(discover=True)
+    with pytest.raises(ValidationError, match="must name namespaces"):
+        Kubernetes(discover=True, namespaces=["*"])
+    with pytest.raises(ValidationError, match="admin_token_env is gone"):
+        Kubernetes(discover=True, namespaces=["serving"], admin_token_env="BATCHLENS_ADMIN_TOKEN")
+
+
+def test_a_discovered_engine_carries_its_pods_token_and_never_shows_it() -> None:
+    [engine], _ = engines_of([Pod.from_dict(pod("vllm-0", "10.1.0.8"))], Kubernetes(namespaces=["serving"]))
+    mine = engine.with_admin_token("s3cret-of-serving", "the Secret serving/batchlens-admin-token")
+    assert mine.admin_token({"BATCHLENS_ADMIN_TOKEN": "shared"}) == "s3cret-of-serving"
+    assert engine.with_admin_token(None, "the Secret serving/x").admin_token({"BATCHLENS_ADMIN_TOKEN": "s"}) is None
+    assert "s3cret" not in repr(mine) + mine.model_dump_json() + mine.admin_token_source
+    assert mine != engine and mine != engine.with_admin_token("rotated", "the Secret serving/batchlens-admin-token")
 
 
 @pytest.fixture
@@ -43,8 +71,11 @@ def api():
     server.close()
 
 
-def discovery(api: FakeKubernetes) -> dict:
-    return {"discover": True, "api_url": api.url, "port": api.pod_port, "interval_seconds": 0.5}
+def discovery(api: FakeKubernetes, namespaces=("serving",)) -> dict:
+    return {
+        "discover": True, "api_url": api.url, "port": api.pod_port, "interval_seconds": 0.5,
+        "namespaces": list(namespaces),
+    }  # fmt: skip
 
 
 @pytest.mark.slow
@@ -77,7 +108,8 @@ def test_the_exporter_follows_the_pods_on_its_node_and_survives_a_403(api, tmp_p
             frozenset({("namespace", "serving")}): 2.0
         }
         assert pick(samples, "batchlens_source_errors_total", source="kubernetes", reason="pod_no_ip")
-        assert all("fieldSelector=spec.nodeName" in r for r in api.requests), api.requests[:3]
+        lists = [r for r in api.requests if "/pods" in r]
+        assert lists and all("fieldSelector=spec.nodeName" in r for r in lists), lists[:3]
 
         api.pods = [p for p in api.pods if p["metadata"]["name"] != "vllm-1"]  # the pod goes
         samples = exporter.wait_for(lambda s: not running(s, "serving/vllm-1"), what="vllm-1's series to go")
@@ -104,8 +136,7 @@ def test_the_hook_resolves_an_alerts_pod_to_its_admin_api_and_keeps_its_state(ap
     hook = None
     try:
         api.pods = [pod("vllm-0", "127.0.0.2"), pod("vllm-1", "127.0.0.3", node="gpu-node-b")]  # every node
-        env = {"BATCHLENS_ADMIN_TOKEN": api.admin_token}
-        hook = RemediateProcess(tmp_path, {"kubernetes": discovery(api)}, env=env)
+        hook = RemediateProcess(tmp_path, {"kubernetes": discovery(api)})  # the token: the pods' own Secret
         status, body = hook.post(notification(alert("serving/vllm-1"), alert("serving/vllm-9")))
         assert status == 200 and body["accepted"] == 1 and body["unknown_instance"] == 1, body
         wait_until(lambda: api.batch["127.0.0.3"]["max_num_active_seqs"] == 32, what="vllm-1 halved")
@@ -125,3 +156,68 @@ def test_the_hook_resolves_an_alerts_pod_to_its_admin_api_and_keeps_its_state(ap
     finally:
         if hook is not None:
             hook.stop()
+
+
+@pytest.mark.slow
+def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
+    """The attack from issue 30: a tenant's pod with the vLLM label collected the one admin token.
+
+    Now each namespace's token goes only to the pods of that namespace that hold it already, and a pod
+    recreated under its name is followed to its new IP, never reached at its old one.
+    """
+    api = FakeKubernetes(free_port())
+    for ip, namespace in [("127.0.0.2", "serving"), ("127.0.0.3", "serving"), ("127.0.0.4", "tenant-evil"),
+                          ("127.0.0.5", "team-b"), ("127.0.0.6", "serving")]:  # fmt: skip
+        api.serve_pod(ip, namespace)
+    api.tokens.update({"team-b": "team-b-token", "tenant-evil": "evil-token"})
+    hook = exporter = None
+    try:
+        api.pods = [
+            pod("vllm-0", "127.0.0.2"),
+            pod("impostor", "127.0.0.3", token_secret=None),  # the label, no admin token of its own
+            pod("not-vllm", "127.0.0.4", namespace="tenant-evil"),  # the label, in a namespace nobody listed
+            pod("vllm-b", "127.0.0.5", namespace="team-b"),
+        ]
+        k8s = discovery(api, namespaces=("serving", "team-b"))
+        env = {"BATCHLENS_ADMIN_TOKEN": "a-shared-token-nobody-should-see"}
+        hook = RemediateProcess(tmp_path, {"kubernetes": k8s}, env=env)
+        status, body = hook.post(notification(alert("serving/vllm-0"), alert("team-b/vllm-b"),
+                                              alert("serving/impostor"), alert("tenant-evil/not-vllm")))  # fmt: skip
+        assert status == 200 and body["accepted"] == 2 and body["unknown_instance"] == 2, body
+        wait_until(lambda: api.batch["127.0.0.2"]["max_num_active_seqs"] == 32, what="serving/vllm-0 halved")
+        wait_until(lambda: api.batch["127.0.0.5"]["max_num_active_seqs"] == 32, what="team-b/vllm-b halved")
+        assert set(api.authorizations["127.0.0.2"]) == {"Bearer pod-admin-token"}  # serving's own token
+        assert set(api.authorizations["127.0.0.5"]) == {"Bearer team-b-token"}  # team-b's, not serving's
+
+        config = tmp_path / "exporter.yaml"
+        config.write_text(json.dumps({"kubernetes": k8s, "exporter": {"nvml": False}}))
+        api.secret_forbidden.add("team-b")  # RBAC lost on one Secret: its engine sampled without a token
+        exporter = ExporterProcess(
+            tmp_path, [], extra_args=("--config", str(config)), env={"NODE_NAME": "gpu-node-a", **env}
+        )
+        samples = exporter.wait_for(
+            lambda s: (
+                pick(s, "batchlens_batch_limit", vllm_instance="serving/vllm-0")
+                and pick(s, "vllm:num_requests_running", vllm_instance="team-b/vllm-b")
+                and pick(s, "batchlens_source_errors_total", source="kubernetes", reason="token_forbidden")
+            ),
+            what="both engines sampled, team-b's Secret counted",
+        )
+        assert pick(samples, "batchlens_source_errors_total", source="kubernetes", reason="pod_no_admin_token_secret")
+        assert api.authorizations["127.0.0.3"] == [] and api.authorizations["127.0.0.4"] == []  # never reached
+
+        # vllm-0 is recreated at a new IP, and its old IP now belongs to a pod that holds no token.
+        api.pods = [pod("vllm-0", "127.0.0.6"), pod("impostor", "127.0.0.2", token_secret=None)]
+        wait_until(lambda: len(api.authorizations["127.0.0.6"]) >= 2, what="the exporter at vllm-0's new IP")
+        before = len(api.authorizations["127.0.0.2"])
+        wait_until(lambda: len(api.authorizations["127.0.0.6"]) >= 8, what="more samples at the new IP")
+        assert len(api.authorizations["127.0.0.2"]) == before, "a token still went to vllm-0's old IP"
+        assert set(api.authorizations["127.0.0.6"]) <= {"Bearer pod-admin-token", ""}
+        assert "a-shared-token-nobody-should-see" not in str(api.authorizations)
+        hook_log = hook.process.log_tail(400)
+        assert "pod-admin-token" not in hook_log and "team-b-token" not in hook_log + exporter.process.log_tail(400)
+    finally:
+        for proc in (exporter, hook):
+            if proc is not None:
+                proc.stop()
+        api.close()

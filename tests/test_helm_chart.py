@@ -87,7 +87,7 @@ def test_every_builtin_kind_is_valid_kubernetes_strictly(rendered, kube: str, tm
         files[-1].write_text(yaml.safe_dump(doc))
     kinds = {path.stem.rsplit("-", 1)[1] for path in files}
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim"} <= kinds
-    assert {"NetworkPolicy", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    assert {"NetworkPolicy", "ServiceAccount", "Role", "RoleBinding"} <= kinds
     misspelt = yaml.safe_load(files[0].read_text())
     misspelt["metdata"] = misspelt.pop("metadata")
     (tmp_path / "misspelt.yaml").write_text(yaml.safe_dump(misspelt))
@@ -223,8 +223,50 @@ def test_the_remediation_service_is_one_recreated_replica_with_its_state_on_a_cl
     assert {"app.kubernetes.io/name": "alertmanager"} in [f["podSelector"]["matchLabels"] for f in ingress["from"]]
     egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
     assert egress_ports == {8000, 9093, 53, 443, 6443}  # the engines, Alertmanager, DNS, the API server
-    [role] = of_kind(docs, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_discovery_needs_the_engines_namespaces() -> None:
+    with pytest.raises(Exception, match=r"discovery.namespaces: list the namespaces whose vLLM pods are engines"):
+        render({})
+    assert render({"discovery": {"enabled": False}})  # no discovery, nothing to scope
+
+
+def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(rendered) -> None:
+    """Issue 30: one token for every engine, and a ClusterRole on every pod, let any labelled pod take it."""
+    for name, docs in rendered.items():
+        values = VALUES[name]
+        namespaces = values["discovery"]["namespaces"]
+        secret = values.get("adminToken", {}).get("existingSecret") or f"{RELEASE}-batchlens-admin-token"
+        assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding"), name
+        roles = of_kind(docs, "Role")
+        assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces), name
+        for role in roles:
+            assert role["rules"] == [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": ["get"]},
+            ], name
+        bindings = of_kind(docs, "RoleBinding")
+        assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces), name
+        assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
+        [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
+        k8s = load_config(None, yaml.safe_load(config_map["data"]["config.yaml"]), {}).kubernetes
+        assert (k8s.namespaces, k8s.admin_token_secret, k8s.admin_token_key) == (namespaces, secret, "token")
+        made = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == secret]
+        if values.get("adminToken", {}).get("existingSecret"):
+            assert not made, name  # the user's own, in each namespace
+        else:  # one per engine namespace, each its own random token
+            assert sorted(s["metadata"]["namespace"] for s in made) == sorted(namespaces), name
+        for workload in of_kind(docs, "DaemonSet") + of_kind(docs, "Deployment"):
+            env = {e["name"] for c in workload["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+            # the environment's token is for static engines only
+            assert ("BATCHLENS_ADMIN_TOKEN" in env) == bool(values.get("engines")), (name, workload["kind"])
+    two = objects({"discovery": {"namespaces": ["team-a", "team-b"]}})
+    tokens = {
+        s["metadata"]["namespace"]: s["data"]["token"]
+        for s in of_kind(two, "Secret")
+        if "admin" in s["metadata"]["name"]
+    }
+    assert set(tokens) == {"team-a", "team-b"} and tokens["team-a"] != tokens["team-b"]
 
 
 def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
@@ -239,9 +281,10 @@ def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
 
 
 def test_the_notes_warn_about_the_missing_release_label() -> None:
-    notes = render({})[f"{CHART.name}/templates/NOTES.txt"]
+    scoped = {"discovery": {"namespaces": ["serving"]}}
+    notes = render(scoped)[f"{CHART.name}/templates/NOTES.txt"]
     assert "prometheusRule.additionalLabels has no `release` label" in notes and "ignored" in notes
-    labelled = {"prometheusRule": {"additionalLabels": {"release": "kps"}},
+    labelled = {**scoped, "prometheusRule": {"additionalLabels": {"release": "kps"}},
                 "serviceMonitor": {"additionalLabels": {"release": "kps"}}}  # fmt: skip
     assert "WARNING" not in render(labelled)[f"{CHART.name}/templates/NOTES.txt"]
 

@@ -1,17 +1,20 @@
 """A fake Kubernetes API server and the pods it lists, over real HTTP.
 
-Fake boundary: the API server (none can run here). It answers ``GET /api/v1/pods`` and
-``/api/v1/namespaces/<ns>/pods`` with the JSON shapes the real one sends (a PodList, or a
-Status for an error), and applies ``labelSelector`` and ``fieldSelector`` equality terms,
-as lightkube sends them. Each listed pod with an IP is also a real HTTP server on that
-loopback IP (127.0.0.2, 127.0.0.3, ...) serving a real vLLM 0.32 exposition and the
-plugin's admin API, so the exporter scrapes, and the hook steers, what it discovers.
-Tests change ``pods`` and ``forbidden`` while it runs.
+Fake boundary: the API server (none can run here). It answers ``GET /api/v1/pods``,
+``/api/v1/namespaces/<ns>/pods`` and ``/api/v1/namespaces/<ns>/secrets/<name>`` with the
+JSON shapes the real one sends (a PodList, a Secret, or a Status for an error), and applies
+``labelSelector`` and ``fieldSelector`` equality terms, as lightkube sends them. Each listed
+pod with an IP is also a real HTTP server on that loopback IP (127.0.0.2, 127.0.0.3, ...)
+serving a real vLLM 0.32 exposition and the plugin's admin API, which takes the token of
+the Secret in the namespace ``serve_pod`` gives it; every Authorization header a pod's
+server receives is kept in ``authorizations``, so a test sees where a token went.
+Tests change ``pods``, ``tokens`` and ``forbidden`` while it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 from pathlib import Path
 
@@ -33,8 +36,17 @@ FORBIDDEN = {
 }
 
 
-def pod(name: str, ip: str | None, *, node: str = "gpu-node-a", namespace: str = "serving", labels=None) -> dict:
-    """A pod as the API server returns it: running with an IP, or pending without one."""
+TOKEN_SECRET = {"name": "batchlens-admin-token", "key": "token"}  # batchlens' default admin_token_secret and key
+
+
+def pod(
+    name: str, ip: str | None, *, node: str = "gpu-node-a", namespace: str = "serving", labels=None,
+    token_secret: dict | None = TOKEN_SECRET,
+) -> dict:  # fmt: skip
+    """A pod as the API server returns it: running with an IP, or pending without one.
+
+    Its container takes BATCHLENS_ADMIN_TOKEN from ``token_secret`` (None: the pod holds no admin token).
+    """
     status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}], "qosClass": "Burstable"}
     if ip:
         ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:01:00Z"}
@@ -56,6 +68,12 @@ def pod(name: str, ip: str | None, *, node: str = "gpu-node-a", namespace: str =
                     "name": "vllm",
                     "image": "registry.example.com/vllm-batchlens:0.32.0",
                     "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                    "env": [{"name": "VLLM_PLUGINS", "value": "batchlens"}]
+                    + (
+                        [{"name": "BATCHLENS_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": token_secret}}]
+                        if token_secret
+                        else []
+                    ),
                 }
             ],
         },
@@ -77,6 +95,8 @@ def _matches(item: dict, selector: str, fields: str) -> bool:
 
 
 class FakeKubernetes:
+    """The API server. ``tokens`` holds each namespace's Secret batchlens-admin-token (namespace -> token)."""
+
     def __init__(self, pod_port: int, admin_token: str = "pod-admin-token") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -85,7 +105,11 @@ class FakeKubernetes:
         self.forbidden = False
         self.requests: list[str] = []
         self.admin_token = admin_token
+        self.tokens: dict[str, str] = {"serving": admin_token}
+        self.secret_forbidden: set[str] = set()  # namespaces whose Secret the caller may not read
         self.batch: dict[str, dict] = {}  # pod IP -> its admin API's batch state
+        self.namespace_of: dict[str, str] = {}  # pod IP -> the namespace whose token its server takes
+        self.authorizations: dict[str, list[str]] = {}  # pod IP -> every Authorization header it received
         self._sites: dict[str, web.TCPSite] = {}
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -99,6 +123,7 @@ class FakeKubernetes:
         api = web.Application()
         api.router.add_get("/api/v1/pods", self._list)
         api.router.add_get("/api/v1/namespaces/{namespace}/pods", self._list)
+        api.router.add_get("/api/v1/namespaces/{namespace}/secrets/{name}", self._secret)
         self._api = web.AppRunner(api, access_log=None, handle_signals=False)
         self._loop.run_until_complete(self._api.setup())
         self._loop.run_until_complete(web.TCPSite(self._api, "127.0.0.1", self.port).start())
@@ -111,8 +136,10 @@ class FakeKubernetes:
         ready.set()
         self._loop.run_forever()
 
-    def serve_pod(self, ip: str) -> None:
-        """Make ``ip`` (a loopback address) answer as a vLLM pod on the pod port."""
+    def serve_pod(self, ip: str, namespace: str = "serving") -> None:
+        """Make ``ip`` (a loopback address) answer as a vLLM pod of ``namespace`` on the pod port."""
+        self.namespace_of[ip] = namespace
+        self.authorizations[ip] = []
 
         async def start() -> None:
             site = web.TCPSite(self._engine, ip, self.pod_port)
@@ -137,15 +164,36 @@ class FakeKubernetes:
             {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "4712"}, "items": items}
         )
 
+    async def _secret(self, request: web.Request) -> web.Response:
+        self.requests.append(str(request.rel_url))
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        if namespace in self.secret_forbidden:
+            return web.json_response({**FORBIDDEN, "message": f'secrets "{name}" is forbidden'}, status=403)
+        if name != TOKEN_SECRET["name"] or namespace not in self.tokens:
+            status = {**FORBIDDEN, "message": f'secrets "{name}" not found', "reason": "NotFound", "code": 404}
+            return web.json_response(status, status=404)
+        data = {TOKEN_SECRET["key"]: base64.b64encode(self.tokens[namespace].encode()).decode()}
+        meta = {"name": name, "namespace": namespace, "resourceVersion": "4713"}
+        return web.json_response(
+            {"kind": "Secret", "apiVersion": "v1", "metadata": meta, "type": "Opaque", "data": data}
+        )
+
+    @staticmethod
+    def _ip(request: web.Request) -> str:
+        return request.transport.get_extra_info("sockname")[0]
+
     async def _admin(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") != f"Bearer {self.admin_token}":
+        ip = self._ip(request)
+        self.authorizations[ip].append(request.headers.get("Authorization", ""))
+        if request.headers.get("Authorization") != f"Bearer {self.tokens.get(self.namespace_of[ip])}":
             return web.json_response({"error": "unauthorized"}, status=401)
-        state = self.batch[request.transport.get_extra_info("sockname")[0]]
+        state = self.batch[ip]
         if request.method == "PUT":
             state["max_num_active_seqs"] = (await request.json())["max_num_active_seqs"]
         return web.json_response(state)
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.authorizations[self._ip(request)].append(request.headers.get("Authorization", ""))
         return web.Response(text=CAPTURE.read_text(), content_type="text/plain")
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -126,6 +127,27 @@ class Engine(_Section):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "fcfs", description="vLLM's --scheduling-policy; priority: the router gives each request its role's priority"
     )
+    # A discovered engine's token, read from the Secret its own pod holds (discovery/kubernetes.py). Never a
+    # field: a config file names where a token lives and never holds one, and repr and dumps leave it out.
+    _admin_token: str | None = PrivateAttr(None)
+    _admin_token_from: str = PrivateAttr("")
+
+    def with_admin_token(self, token: str | None, source: str) -> Engine:
+        """This engine with its token from ``source`` (what a log or a hint calls it), not from the environment."""
+        engine = self.model_copy()
+        engine._admin_token, engine._admin_token_from = token, source
+        return engine
+
+    def admin_token(self, environ: Mapping[str, str]) -> str | None:
+        """The token this engine's admin API takes: its own (discovered), else the variable admin_token_env."""
+        if self._admin_token_from:
+            return self._admin_token
+        return environ.get(self.admin_token_env) or None
+
+    @property
+    def admin_token_source(self) -> str:
+        """Where the token comes from, in words for a hint: never the token."""
+        return self._admin_token_from or f"the variable {self.admin_token_env}"
 
     @field_validator("url")
     @classmethod
@@ -250,7 +272,9 @@ class Kubernetes(_Section):
     selector: dict[str, str] = Field(
         default_factory=lambda: {"app.kubernetes.io/name": "vllm"}, description="the vLLM pods' labels"
     )
-    namespaces: list[str] = Field(default_factory=list, description="where to look; empty: every namespace")
+    namespaces: list[str] = Field(
+        default_factory=list, description="the namespaces whose pods may be engines (required with discover)"
+    )
     port: int = Field(8000, ge=1, le=65535, description="vLLM's API port on the pod's IP")
     node_name_env: str = Field(
         "NODE_NAME", description="the exporter reads only the pods of the node this variable names (a DaemonSet)"
@@ -260,7 +284,34 @@ class Kubernetes(_Section):
     api_url: str = Field(
         "", description="an API server without credentials (kubectl proxy); empty: the service account or kubeconfig"
     )
-    admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
+    admin_token_secret: str = Field(
+        "batchlens-admin-token",
+        min_length=1,
+        description="the Secret, in each engine's namespace, that its pod's BATCHLENS_ADMIN_TOKEN comes from",
+    )
+    admin_token_key: str = Field("token", min_length=1, description="the key of that Secret holding the token")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_shared_token(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "admin_token_env" in data:
+            raise ValueError(
+                "admin_token_env is gone: a discovered engine's token is the one its own pod holds, read from "
+                "the Secret admin_token_secret (default batchlens-admin-token) in the pod's namespace "
+                "(docs/kubernetes.md, 'What makes a pod an engine')"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _scoped(self) -> Kubernetes:
+        if self.discover and not self.namespaces:
+            raise ValueError(
+                "discover needs namespaces: the list of namespaces whose pods may be engines. A label alone "
+                "proves nothing on a shared cluster, where anyone who can create a pod can set it"
+            )
+        if "*" in self.namespaces or any(not ns.strip() for ns in self.namespaces):
+            raise ValueError(f"namespaces must name namespaces, got {self.namespaces}")
+        return self
 
     @field_validator("api_url")
     @classmethod
@@ -381,8 +432,6 @@ class Config(_Section):
     def token_envs(self) -> list[str]:
         """Names of the environment variables that hold secrets, in a stable order."""
         names = [e.admin_token_env for e in self.engines] + [self.remediate.webhook_token_env]
-        if self.kubernetes.discover:
-            names.append(self.kubernetes.admin_token_env)
         return list(dict.fromkeys(names))
 
 

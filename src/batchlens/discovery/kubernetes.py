@@ -11,14 +11,24 @@ appears is sampled within one interval, and a poll needs no resume logic after a
 server restart. Each failure maps to a bounded reason (``forbidden``, ``unauthorized``,
 ``http_<code>``, ``connect``, ``timeout``); the last engine set is kept while the API is
 unreachable, so a control-plane blip does not drop every engine's series.
+
+Each engine's admin token is the one its own pod holds (discovery/pods.py says why that
+proves it is an engine): read from the Secret in the pod's namespace at every poll, so a
+rotated Secret reaches batchlens within one interval, and one namespace's token never
+reaches another namespace's pods. A Secret that cannot be read leaves its engines sampled
+without a token (their admin calls answer 401), counted as ``token_<reason>``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from batchlens.config import Engine, Kubernetes
 from batchlens.discovery.pods import engines_of
@@ -29,6 +39,15 @@ from batchlens.exporter.snapshot import Reading
 log = logging.getLogger("batchlens.discovery")
 
 
+@dataclass(frozen=True)
+class Discovered:
+    """One poll's engines (each with its pod's token), the pods skipped by reason, and the unreadable Secrets."""
+
+    engines: list[Engine]
+    skipped: Counter[str] = field(default_factory=Counter)
+    token_errors: dict[str, SourceError] = field(default_factory=dict)  # namespace -> why its Secret is unread
+
+
 class PodLister:
     """Lists the pods the settings select, on one node or every node."""
 
@@ -37,12 +56,12 @@ class PodLister:
             import httpx2
             from lightkube import AsyncClient, KubeConfig
             from lightkube.core.exceptions import ConfigError
-            from lightkube.resources.core_v1 import Pod
+            from lightkube.resources.core_v1 import Pod, Secret
         except ImportError as exc:
             raise RuntimeError(
                 f"kubernetes.discover is on, but {exc.name} is not installed: pip install 'batchlens[kubernetes]'"
             ) from None
-        self._httpx, self._pod = httpx2, Pod
+        self._httpx, self._pod, self._secret = httpx2, Pod, Secret
         self.settings, self.node = settings, node
         try:
             config = _anonymous(KubeConfig, settings.api_url) if settings.api_url else KubeConfig.from_env()
@@ -50,25 +69,62 @@ class PodLister:
             raise RuntimeError(f"kubernetes.discover: no API server to ask ({exc}); set kubernetes.api_url") from None
         self._client = AsyncClient(config, timeout=httpx2.Timeout(settings.timeout_seconds), trust_env=False)
 
+    async def engines(self) -> Discovered:
+        """The engines among the selected pods of the listed namespaces, each with its own pod's token."""
+        engines, skipped = engines_of(await self.pods(), self.settings)
+        tokens: dict[str, str] = {}
+        errors: dict[str, SourceError] = {}
+        for namespace in sorted({e.labels["namespace"] for e in engines}):
+            try:
+                tokens[namespace] = await self._token(namespace)
+            except SourceError as exc:
+                errors[namespace] = exc
+        secret = self.settings.admin_token_secret
+        with_tokens = [
+            e.with_admin_token(tokens.get(ns), f"the Secret {ns}/{secret}")
+            for e in engines
+            for ns in [e.labels["namespace"]]
+        ]
+        return Discovered(with_tokens, skipped, errors)
+
     async def pods(self) -> list:
         fields = {"spec.nodeName": self.node} if self.node else None
         found = []
+        for namespace in self.settings.namespaces:
+            with self._api_errors(f"listing pods in {namespace}"):
+                labels = dict(self.settings.selector)
+                found += [
+                    pod async for pod in self._client.list(self._pod, namespace=namespace, labels=labels, fields=fields)
+                ]
+        return found
+
+    async def _token(self, namespace: str) -> str:
+        name, key = self.settings.admin_token_secret, self.settings.admin_token_key
+        what = f"reading the Secret {namespace}/{name}"
+        with self._api_errors(what):
+            secret = await self._client.get(self._secret, name, namespace=namespace)
+        value = (secret.data or {}).get(key)
+        if not value:
+            raise SourceError("no_key", f"{what}: it has no key {key!r}")
         try:
-            for namespace in self.settings.namespaces or ["*"]:
-                async for pod in self._client.list(
-                    self._pod, namespace=namespace, labels=dict(self.settings.selector), fields=fields
-                ):
-                    found.append(pod)
+            return base64.b64decode(value, validate=True).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            raise SourceError("invalid", f"{what}: key {key!r} is not base64 UTF-8") from None
+
+    @contextlib.contextmanager
+    def _api_errors(self, what: str) -> Iterator[None]:
+        """Every failure of an API call as a SourceError with a bounded reason and the API server's words."""
+        try:
+            yield
         except self._httpx.HTTPStatusError as exc:  # lightkube's ApiError is one, with the API's Status
             code = exc.response.status_code
-            reason = {401: "unauthorized", 403: "forbidden"}.get(code, f"http_{code}")
-            hint = " (the chart's ClusterRole grants list on pods)" if code == 403 else ""
-            raise SourceError(reason, f"listing pods: HTTP {code}: {_status_message(exc)}{hint}") from None
+            reason = {401: "unauthorized", 403: "forbidden", 404: "not_found"}.get(code, f"http_{code}")
+            hint = " (the chart's Role in that namespace grants it)" if code == 403 else ""
+            raise SourceError(reason, f"{what}: HTTP {code}: {_status_message(exc)}{hint}") from None
         except self._httpx.TimeoutException:
-            raise SourceError("timeout", f"listing pods took over {self.settings.timeout_seconds:g}s") from None
+            raise SourceError("timeout", f"{what} took over {self.settings.timeout_seconds:g}s") from None
         except self._httpx.TransportError as exc:
-            raise SourceError("connect", f"cannot reach the API server: {exc}") from None
-        return found
+            raise SourceError("connect", f"{what}: cannot reach the API server: {exc}") from None
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -88,7 +144,8 @@ class DiscoverySource:
         self._on_engines = on_engines
 
     async def sample(self) -> Reading:
-        engines, skipped = engines_of(await self._lister.pods(), self._lister.settings)
+        found = await self._lister.engines()
+        engines, skipped = found.engines, found.skipped
         self._on_engines(engines)
         per_namespace = Counter(engine.labels["namespace"] for engine in engines)
         metric = fam.gauge(
@@ -99,6 +156,9 @@ class DiscoverySource:
         soft = tuple(
             (f"pod_{reason}", f"{n} selected pod(s) not sampled: {reason.replace('_', ' ')}")
             for reason, n in sorted(skipped.items())
+        ) + tuple(
+            (f"token_{exc.reason}", f"{exc}: its engines are sampled without a token")
+            for _, exc in sorted(found.token_errors.items())
         )
         return Reading(metrics=(metric,), soft_errors=soft)
 

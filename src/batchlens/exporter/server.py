@@ -146,11 +146,15 @@ class Exporter:
     def _discover(self, engines: Sequence[Engine]) -> None:
         """Start sampling the engines that appeared, stop and forget those that went."""
         wanted = {e.name: e for e in engines if e.name not in {c.name for c in self.config.engines}}
-        for name in self._discovered.keys() - wanted.keys():
+        # A pod recreated under its name has a new IP (and its old one may be another pod's by now), and a
+        # rotated Secret a new token: such an engine's sampler starts again with what discovery now says.
+        changed = {name for name in self._discovered if name in wanted and self._engines[name].engine != wanted[name]}
+        for name in (self._discovered.keys() - wanted.keys()) | changed:
             self._discovered.pop(name).cancel()
             source = self._engines.pop(name)
             self.store.forget((source.kind, source.labels))  # its series go with it, not frozen
-            log.info("engine %s is gone: no longer sampled", name)
+            if name not in changed:
+                log.info("engine %s is gone: no longer sampled", name)
         for name in wanted.keys() - self._discovered.keys():
             assert self._session is not None
             source = self._vllm_source(wanted[name], self._session)

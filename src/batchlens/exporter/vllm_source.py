@@ -93,7 +93,7 @@ class VllmSource:
         self._executor = executor
         self._timeout = timeout
         self._limit = max_response_bytes
-        self._token = environ.get(engine.admin_token_env)
+        self._token = engine.admin_token(environ)
         self._reader = ExpositionReader(self._base)
         #: The model this server serves, as its metrics name it; the NVML source labels the engine's GPUs with it.
         self.model_name = ""
@@ -145,7 +145,7 @@ class VllmSource:
                 return None  # a plain vLLM without the batchlens plugin
             hint = ""
             if exc.reason in ("http_401", "http_403"):
-                hint = f" (is {self.engine.admin_token_env} set to the server's BATCHLENS_ADMIN_TOKEN?)"
+                hint = f" (does {self.engine.admin_token_source} hold the server's BATCHLENS_ADMIN_TOKEN?)"
             elif exc.reason == "http_503":
                 hint = " (the server has no BATCHLENS_ADMIN_TOKEN configured)"
             return (f"admin_{exc.reason}", f"admin API: {exc}{hint}")

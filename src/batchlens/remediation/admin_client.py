@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from batchlens.admin_api import BATCH_PATH, BatchState, bearer
 
 HINTS = {
-    401: " (is the engine's admin_token_env set to the server's BATCHLENS_ADMIN_TOKEN?)",
+    401: " (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's?)",
     503: " (the server has no BATCHLENS_ADMIN_TOKEN configured)",
     404: (
         " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens? Before vLLM 0.32 also "

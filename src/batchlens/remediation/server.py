@@ -32,7 +32,6 @@ from batchlens import __version__
 from batchlens.config import Config, parse_listen
 from batchlens.control.live import Controller
 from batchlens.discovery.kubernetes import PodLister
-from batchlens.discovery.pods import engines_of
 from batchlens.exporter.sampler import SourceError
 from batchlens.http_server import run_app
 from batchlens.remediation.alertmanager import AlertmanagerClient
@@ -135,6 +134,7 @@ class RemediationServer:
         self._discovery: asyncio.Task | None = None
         self.discovery_errors: Counter[str] = Counter()
         self._discovery_failing: str | None = None
+        self._token_failing: dict[str, str] = {}  # namespace -> why its admin token Secret is not read
 
     async def start(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"batchlens/{__version__}"})
@@ -158,7 +158,7 @@ class RemediationServer:
         """One look at the vLLM pods: a vllm_instance "<namespace>/<pod>" resolves to its pod's admin URL."""
         assert self._lister is not None and self.remediator is not None
         try:
-            engines, _ = engines_of(await self._lister.pods(), self.config.kubernetes)
+            found = await self._lister.engines()
         except SourceError as exc:
             if self._discovery_failing != exc.reason:  # once per outage and reason, as the exporter's sampler
                 log.warning("discovery: %s [reason=%s]; the engines found so far stay", exc, exc.reason)
@@ -168,7 +168,12 @@ class RemediationServer:
         if self._discovery_failing is not None:
             log.info("discovery: the API answers again")
             self._discovery_failing = None
-        self.remediator.engines_found(engines)
+        for namespace, exc in found.token_errors.items():
+            if self._token_failing.get(namespace) != exc.reason:  # once per namespace and reason
+                log.warning("discovery: %s [reason=token_%s]; its engines get no token", exc, exc.reason)
+            self.discovery_errors[f"token_{exc.reason}"] += 1
+        self._token_failing = {ns: exc.reason for ns, exc in found.token_errors.items()}
+        self.remediator.engines_found(found.engines)
 
     async def _discover_every(self) -> None:
         while True:

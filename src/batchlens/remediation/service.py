@@ -124,10 +124,14 @@ class Remediator:
         A pod that comes back under its name (a StatefulSet's) finds its strikes and limits where it left them.
         """
         wanted = {e.name: e for e in engines if e.name not in self._configured}
-        for name in self.engines.keys() - self._configured - wanted.keys():
+        # A pod recreated under its name (a StatefulSet's) has a new IP, and its old IP may be another pod's
+        # by now: it rejoins at its new address, with its token, before anything is sent to it.
+        moved = {name for name, e in wanted.items() if name in self.engines and self.engines[name] != e}
+        for name in (self.engines.keys() - self._configured - wanted.keys()) | moved:
             for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff):
                 table.pop(name, None)
-            log.info("%s: the pod is gone; its breaker state stays saved", name)
+            if name not in moved:
+                log.info("%s: the pod is gone; its breaker state stays saved", name)
         saved = self.store.states()
         for name in wanted.keys() - self.engines.keys():
             self._join(wanted[name], saved)
@@ -137,7 +141,7 @@ class Remediator:
         """Steer ``engine`` from now on, from its saved state if it has one."""
         name = engine.name
         self.engines[name] = engine
-        self.admins[name] = AdminClient(self._session, engine.url, self._environ.get(engine.admin_token_env))
+        self.admins[name] = AdminClient(self._session, engine.url, engine.admin_token(self._environ))
         self.states[name] = saved.get(name, EngineState())
         self._apply_backoff[name], self._observe_backoff[name] = Backoff(), Backoff()
 

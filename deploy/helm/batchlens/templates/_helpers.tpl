@@ -66,13 +66,14 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 A token for a Secret the chart creates: the value given, else the one already in the cluster (so an upgrade
-keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key" <key> "value" <value>).
+keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key" <key> "value" <value>), and
+"namespace" where the Secret is not in the release's namespace.
 */}}
 {{- define "batchlens.keptToken" -}}
 {{- if .value -}}
 {{- .value -}}
 {{- else -}}
-{{- $found := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- $found := lookup "v1" "Secret" (.namespace | default .root.Release.Namespace) .name -}}
 {{- $data := dig "data" .key "" ($found | default dict) -}}
 {{- if $data -}}{{- $data | b64dec -}}{{- else -}}{{- randAlphaNum 40 -}}{{- end -}}
 {{- end -}}
@@ -83,6 +84,32 @@ keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key"
 {{- $terms := list -}}
 {{- range $key, $value := . }}{{ $terms = append $terms (printf "%s=%s" $key $value) }}{{ end -}}
 {{- join "," $terms -}}
+{{- end -}}
+
+{{/*
+The namespaces whose vLLM pods may be engines: required with discovery, since a label alone proves nothing on
+a shared cluster (docs/kubernetes.md, "What makes a pod an engine").
+*/}}
+{{- define "batchlens.engineNamespaces" -}}
+{{- if .Values.discovery.enabled -}}
+{{- if not .Values.discovery.namespaces -}}
+{{- fail "discovery.namespaces: list the namespaces whose vLLM pods are engines (e.g. --set discovery.namespaces={serving}); a label alone proves nothing on a shared cluster, docs/kubernetes.md" -}}
+{{- end -}}
+{{- toJson (uniq .Values.discovery.namespaces) -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end -}}
+
+{{/*
+Where the admin token Secret lives: each engine namespace (a discovered pod takes its token from its own
+namespace's Secret, and batchlens reads it there), and the release's namespace when `engines` lists static
+ones (the exporter and the hook take their token from the environment).
+*/}}
+{{- define "batchlens.adminTokenNamespaces" -}}
+{{- $namespaces := include "batchlens.engineNamespaces" . | fromJsonArray -}}
+{{- if .Values.engines -}}{{- $namespaces = append $namespaces .Release.Namespace -}}{{- end -}}
+{{- toJson (uniq $namespaces) -}}
 {{- end -}}
 
 {{/* The labels that select the vLLM pods. */}}
