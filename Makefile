@@ -7,6 +7,9 @@ VLLM_VERSION := 0.32.0
 # The compatibility matrix (make vllm-matrix): each a real CPU build; 0.33 has none and is checked statically.
 VLLM_RELEASES ?= 0.10.2 0.11.2 0.25.1 0.32.0
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
+# make test's workers (pytest-xdist): most of the suite waits on servers, not on the two cores. The tests that
+# start a real vLLM share one worker (tests/conftest.py), so one vLLM runs at a time.
+TEST_WORKERS ?= 3
 
 .PHONY: help test test-blocked test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds bench build demo clean
 
@@ -47,7 +50,7 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 test: system-deps vllm-env litellm-env operator-kinds $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/batchlens build --check
 	$(BIN)/python scripts/compatibility.py --check
-	$(BIN)/pytest -m "not matrix and not blocked" -p no:cacheprovider
+	$(BIN)/pytest -m "not matrix and not blocked" -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 test-blocked: $(BIN)/batchlens  ## tests of blocked issues, on their known faults (issue 17: the controller on a real vLLM)
 	$(BIN)/pytest -m blocked -p no:cacheprovider -v
@@ -61,11 +64,12 @@ build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboa
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens  ## benchmarks: parse/merge/render of a vLLM exposition; NVML source cost per GPU; replay speed
+bench: $(BIN)/batchlens litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, and what routing is worth
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
 	$(BIN)/python benchmarks/replay.py
+	$(BIN)/python benchmarks/routing.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist src/*.egg-info

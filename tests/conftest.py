@@ -10,6 +10,7 @@ import pytest
 from batchlens.admin_api import TOKEN_ENV
 from harness.litellm import install_batchlens
 from harness.procs import Process, free_port, start_server_with_child
+from harness.shared import once_per_run
 from harness.upstreams import Upstreams
 from harness.vllm import ADMIN_TOKEN, RELEASE_CAPTURES, VllmServer, install_plugin, release_of, start_vllm
 from harness.wheel import Distributions, build_distributions
@@ -29,22 +30,36 @@ def release_capture(request: pytest.FixtureRequest) -> Path:
     return request.param
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts a real vLLM runs on one xdist worker, one after another (make test: --dist
+    loadgroup): each vLLM takes 30% of the RAM and busy-polls a core, so two at once would starve the rest."""
+    for item in items:
+        if item.get_closest_marker("vllm"):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
 @pytest.fixture(scope="session")
 def distributions(tmp_path_factory: pytest.TempPathFactory) -> Distributions:
-    """The sdist and the wheel of this checkout, built once per session as a release is built."""
-    return build_distributions(tmp_path_factory.mktemp("dist") / "dist")
+    """The sdist and the wheel of this checkout, built once per run as a release is built."""
+
+    def build(folder: Path) -> list[str]:
+        built = build_distributions(folder / "dist")
+        return [str(built.sdist), str(built.wheel)]
+
+    sdist, wheel = once_per_run(tmp_path_factory, "dist", build)
+    return Distributions(Path(sdist), Path(wheel))
 
 
 @pytest.fixture(scope="session")
 def vllm_plugin_env(tmp_path_factory: pytest.TempPathFactory, distributions: Distributions) -> dict[str, str]:
     """The environment that loads the batchlens plugin (pip-installed from the built wheel) into vLLM."""
-    return install_plugin(distributions.wheel, tmp_path_factory.mktemp("plugin") / "site")
+    return once_per_run(tmp_path_factory, "plugin", lambda folder: install_plugin(distributions.wheel, folder / "site"))
 
 
 @pytest.fixture(scope="session")
 def litellm_env(tmp_path_factory: pytest.TempPathFactory, distributions: Distributions) -> dict[str, str]:
     """The environment that loads batchlens (pip-installed from the built wheel) into the LiteLLM proxy."""
-    return install_batchlens(distributions.wheel, tmp_path_factory.mktemp("litellm") / "site")
+    return once_per_run(tmp_path_factory, "litellm", lambda f: install_batchlens(distributions.wheel, f / "site"))
 
 
 @pytest.fixture(scope="session")
