@@ -11,7 +11,7 @@ export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 # start a real vLLM share one worker (tests/conftest.py), so one vLLM runs at a time.
 TEST_WORKERS ?= 3
 
-.PHONY: help test test-blocked test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds bench build demo clean
+.PHONY: help test test-blocked test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds grafana-schema bench build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ litellm-env:  ## the LiteLLM proxy's environment with batchlens (~400 MB), cache
 operator-kinds:  ## the Prometheus Operator's schemas and TypeScript (npm), for the Helm chart's tests
 	npm ci --prefix tests/harness/operator_kinds --no-audit --no-fund --loglevel=error
 
+grafana-schema:  ## Grafana's own dashboard schema, 11.5 and 13.2 (npm @grafana/schema), for the dashboards' tests
+	npm ci --prefix tests/harness/grafana_schema --no-audit --no-fund --loglevel=error
+
 vllm-matrix: system-deps $(BIN)/batchlens  ## each vLLM release (VLLM_RELEASES): real server + plugin + exporter + rules; writes docs/compatibility.md
 	for v in $(VLLM_RELEASES); do VLLM_VERSION=$$v BATCHLENS_VLLM_VENV=$(HOME)/.cache/batchlens/vllm-$$v scripts/vllm-env.sh || exit 1; done
 	BATCHLENS_VLLM_RELEASES="$(VLLM_RELEASES)" $(BIN)/pytest -m matrix tests/test_vllm_matrix.py -p no:cacheprovider -v
@@ -47,7 +50,7 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-test: system-deps vllm-env litellm-env operator-kinds $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
+test: system-deps vllm-env litellm-env operator-kinds grafana-schema $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/batchlens build --check
 	$(BIN)/python scripts/compatibility.py --check
 	$(BIN)/pytest -m "not matrix and not blocked" -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25

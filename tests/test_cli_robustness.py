@@ -116,7 +116,9 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
 
 
 def leaf_commands(group: click.Group = main, prefix: str = "") -> Iterator[str]:
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in sorted(group.list_commands(ctx)):
+        command = group.get_command(ctx, name)
         if isinstance(command, click.Group):
             yield from leaf_commands(command, f"{prefix}{name} ")
         else:

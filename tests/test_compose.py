@@ -45,7 +45,7 @@ def test_every_mounted_file_and_folder_exists(name: str) -> None:
 @pytest.mark.parametrize("name", batchlens_services())
 def test_every_batchlens_command_is_a_real_subcommand_with_valid_flags(name: str) -> None:
     args = [interpolate(a) for a in COMPOSE["services"][name]["command"]]
-    command = main.commands.get(args[0])
+    command = main.get_command(click.Context(main), args[0])
     assert command is not None, f"{name}: `batchlens {args[0]}` does not exist"
     try:
         ctx = command.make_context(args[0], args[1:])  # parses and validates every flag, runs nothing

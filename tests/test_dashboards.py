@@ -20,7 +20,7 @@ from batchlens.prometheus_api import parse_matrix
 from batchlens.report.data import Point, Report, align
 from batchlens.report.render import write
 from harness.exporter import BATCHLENS
-from harness.grafana import walk_panels
+from harness.grafana import check_grafana_schema, query_annotations, walk_panels
 from harness.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +40,35 @@ def test_uids_are_unique_and_stable() -> None:
     uids = [board["uid"] for board in BOARDS.values()]
     assert sorted(uids) == sorted(UIDS.values()) and len(set(uids)) == len(uids)
     assert BOARDS["batchlens-overview.json"]["uid"] == "batchlens-overview"  # the alerts link to it
+
+
+def test_every_dashboard_is_in_grafanas_own_schema_old_and_new(tmp_path) -> None:
+    """@grafana/schema 11.5 (the oldest Grafana the README promises) and 13.2, with no unknown key anywhere."""
+    done = check_grafana_schema(BOARDS, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("grafana-schema-11.5, grafana-schema-13.2: 0 problems"), done.stdout
+
+
+def test_the_schema_check_names_the_dashboard_panel_and_key_it_does_not_know(tmp_path) -> None:
+    boards = json.loads(json.dumps(BOARDS))
+    overview, gpu = boards["batchlens-overview.json"], boards["batchlens-gpu.json"]
+    stat = next(p for p in overview["panels"] if p["type"] == "stat")
+    stat["options"]["reduceOptionz"] = stat["options"].pop("reduceOptions")  # a misspelt option
+    series = next(p for p in gpu["panels"] if p["type"] == "timeseries")
+    series["fieldConfig"]["defaults"]["custom"]["lineWidht"] = 2
+    series["span"] = 6  # grafanalib's legacy grid
+    gpu["templating"]["list"][0]["useTags"] = False
+    gpu["annotations"]["list"][-1]["expr"] = "up"  # the legacy place of a Prometheus annotation's query
+    done = check_grafana_schema(boards, tmp_path)
+    assert done.returncode == 1, done.stdout
+    for release in ("grafana-schema-11.5", "grafana-schema-13.2"):
+        for where in (f'batchlens-overview.json: panel "{stat["title"]}" (stat) options: key reduceOptionz',
+                      f'batchlens-gpu.json: panel "{series["title"]}" (timeseries) fieldConfig.defaults.custom: '
+                      "key lineWidht", f'batchlens-gpu.json: panel "{series["title"]}" (timeseries): key span',
+                      'batchlens-gpu.json: variable "datasource": key useTags',
+                      f'batchlens-gpu.json: annotation "{gpu["annotations"]["list"][-1]["name"]}": key expr'):  # fmt: skip
+            assert f"{release}: {where}: " in done.stdout, (where, done.stdout)
+    assert done.stdout.strip().endswith(": 10 problems"), done.stdout
 
 
 @pytest.mark.parametrize("name", sorted(BOARDS))
@@ -97,7 +126,7 @@ def test_every_query_keeps_the_cluster_apart(name: str) -> None:
     cluster = {v["name"]: v for v in board["templating"]["list"]}["cluster"]
     assert cluster["includeAll"] and cluster["allValue"] == ".*"  # matches a series without the label
     exprs = [t["expr"] for p in walk_panels(board) for t in p["targets"]]
-    exprs += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
+    exprs += [expr for _, expr in query_annotations(board)]
     for expr in exprs:
         if "$vllm_instance" in expr:
             assert 'cluster=~"$cluster"' in expr, expr

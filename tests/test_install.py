@@ -60,8 +60,9 @@ def installed_commands(installed: Path, cwd: Path) -> list[list[str]]:
         "def walk(cmd, path):\n"
         "    yield path\n"
         "    if isinstance(cmd, click.Group):\n"
-        "        for name, sub in cmd.commands.items():\n"
-        "            yield from walk(sub, path + [name])\n"
+        "        ctx = click.Context(cmd)\n"
+        "        for name in cmd.list_commands(ctx):\n"
+        "            yield from walk(cmd.get_command(ctx, name), path + [name])\n"
         "print(json.dumps(list(walk(main, []))))\n"
     )
     done = run([str(installed / "python"), "-c", script], cwd=cwd)

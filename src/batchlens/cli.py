@@ -1,33 +1,56 @@
 """The ``batchlens`` command line: the group and its commands, assembled.
 
 Each command's click wiring lives in its own package (``<package>/command.py``),
-next to the code it drives; what the wirings share is in clikit.py.
+next to the code it drives; what the wirings share is in clikit.py. A command is
+imported only when it runs (or when help lists it): `batchlens exporter` loads
+neither grafanalib nor matplotlib nor the other commands' code, and a long-running
+exporter holds only the memory it uses (benchmarks/memory.py).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
 import click
 
 from batchlens import __version__
-from batchlens.advise.command import advise
-from batchlens.artifacts.command import build
-from batchlens.config.command import config_group
-from batchlens.demo.command import demo
-from batchlens.doctor.command import doctor
-from batchlens.exporter.command import exporter
-from batchlens.lint.command import lint_config
-from batchlens.load.command import load
-from batchlens.remediation.command import remediate
-from batchlens.replay.command import replay
-from batchlens.report.command import report
-from batchlens.simulator.command import simulate
-from batchlens.sweep.command import sweep
+
+#: name -> "module:attribute" of its click command, in the order help lists them.
+COMMANDS = {
+    "exporter": "batchlens.exporter.command:exporter",
+    "remediate": "batchlens.remediation.command:remediate",
+    "simulate": "batchlens.simulator.command:simulate",
+    "load": "batchlens.load.command:load",
+    "build": "batchlens.artifacts.command:build",
+    "report": "batchlens.report.command:report",
+    "demo": "batchlens.demo.command:demo",
+    "advise": "batchlens.advise.command:advise",
+    "sweep": "batchlens.sweep.command:sweep",
+    "replay": "batchlens.replay.command:replay",
+    "lint-config": "batchlens.lint.command:lint_config",
+    "doctor": "batchlens.doctor.command:doctor",
+    "config": "batchlens.config.command:config_group",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose commands are imported when asked for, as click's docs show ("Lazily Loading Subcommands")."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, _, attribute = COMMANDS[cmd_name].partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert command.name == cmd_name, f"{COMMANDS[cmd_name]} is named {command.name!r}, listed as {cmd_name!r}"
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="batchlens")
 @click.option(
     "--log-level",
@@ -51,8 +74,3 @@ def main(log_level: str) -> None:
         stream=sys.stderr,
     )
 
-
-COMMANDS = (exporter, remediate, simulate, load, build, report, demo, advise, sweep, replay, lint_config, doctor,
-            config_group)  # fmt: skip
-for command in COMMANDS:
-    main.add_command(command)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.parse
+from pathlib import Path
 
 from harness.procs import http_get
 
@@ -29,6 +31,27 @@ def walk_panels(dashboard: dict):
     for panel in dashboard["panels"]:
         yield panel
         yield from panel.get("panels", [])
+
+
+def query_annotations(dashboard: dict):
+    """(name, expr) of each annotation that runs a Prometheus query (its target, as Grafana keeps it)."""
+    for annotation in dashboard["annotations"]["list"]:
+        if "expr" in annotation.get("target", {}):
+            yield annotation["name"], annotation["target"]["expr"]
+
+
+SCHEMA_CHECK = Path(__file__).resolve().parent / "grafana_schema"
+
+
+def check_grafana_schema(boards: dict[str, dict], tmp: Path) -> subprocess.CompletedProcess:
+    """tests/harness/grafana_schema/check.mjs: each dashboard against @grafana/schema, 11.5 and the newest."""
+    if not (SCHEMA_CHECK / "node_modules").is_dir():
+        raise AssertionError("Grafana's schema is not installed: run `make grafana-schema` (npm)")
+    listing = tmp / "dashboards.json"
+    listing.write_text(json.dumps(boards))
+    return subprocess.run(
+        ["node", str(SCHEMA_CHECK / "check.mjs"), str(listing)], capture_output=True, text=True, timeout=300
+    )
 
 
 def interpolate(expr: str, variables: dict[str, str]) -> str:

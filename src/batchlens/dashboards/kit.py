@@ -219,4 +219,84 @@ def dashboard(key: str, title: str, description: str, panels: list[Panel], annot
     ).auto_panel_ids()
     data = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))  # plain dicts, all the way down
     data["annotations"]["list"].extend([*ACTIONS, *annotations])
-    return data
+    return grafana_model(data)
+
+
+# The keys of Grafana's dashboard model (@grafana/schema, the same in 11.5 and 13.2): grafanalib also writes
+# keys of Grafana's legacy model (rows, span, height, threshold steps with index and op, ...), which Grafana
+# ignores or migrates away. tests/harness/grafana_schema checks the result against both schema releases.
+_DASHBOARD = {
+    "annotations", "description", "editable", "fiscalYearStartMonth", "gnetId", "graphTooltip", "id", "links",
+    "liveNow", "panels", "preload", "refresh", "revision", "schemaVersion", "snapshot", "tags", "templating",
+    "time", "timepicker", "timezone", "title", "uid", "version", "weekStart",
+    "__inputs", "__requires",  # read by Grafana's import, outside the model
+}  # fmt: skip
+_PANEL = {
+    "cacheTimeout", "datasource", "description", "fieldConfig", "gridPos", "hideTimeOverride", "id", "interval",
+    "libraryPanel", "links", "maxDataPoints", "maxPerRow", "options", "pluginVersion", "queryCachingTTL", "repeat",
+    "repeatDirection", "targets", "timeFrom", "timeShift", "title", "transformations", "transparent", "type",
+}  # fmt: skip
+_FIELD_DEFAULTS = {
+    "color", "custom", "decimals", "description", "displayName", "displayNameFromDS", "filterable", "links",
+    "mappings", "max", "min", "noValue", "path", "thresholds", "unit", "writeable",
+}  # fmt: skip
+_VARIABLE = {
+    "allValue", "allowCustomValue", "current", "datasource", "description", "hide", "includeAll", "label", "multi",
+    "name", "options", "query", "refresh", "regex", "skipUrlSync", "sort", "type",
+}  # fmt: skip
+_OPTION = {"selected", "text", "value"}
+_TIMEPICKER = {"hidden", "nowDelay", "refresh_intervals"}
+#: An annotation of the model, plus the Prometheus data source's own options, which its annotation editor keeps
+#: on the annotation (the query itself is its target).
+_ANNOTATION = {"builtIn", "datasource", "enable", "filter", "hide", "iconColor", "name", "target", "type",
+               "titleFormat", "textFormat", "tagKeys", "useValueForTime"}  # fmt: skip
+#: A Prometheus query (the data source's PromQuery): grafanalib's generic target adds metric, query, step, target.
+_PROMETHEUS_QUERY = {"datasource", "expr", "format", "hide", "instant", "interval", "intervalFactor",
+                     "legendFormat", "refId", "range", "exemplar"}  # fmt: skip
+
+
+def _keep(obj: dict, keys: set[str]) -> dict:
+    """Only the model's keys, and none whose value is null (the model has no nulls where grafanalib writes them)."""
+    return {k: v for k, v in obj.items() if k in keys and v is not None}
+
+
+def _panel(panel: dict) -> dict:
+    out = _keep(panel, _PANEL)
+    out["targets"] = [_keep(t, _PROMETHEUS_QUERY) for t in panel.get("targets", [])]
+    config = out.get("fieldConfig")
+    if config:
+        defaults = _keep(config.get("defaults", {}), _FIELD_DEFAULTS)
+        if "custom" in defaults:  # the plugin's own field config: its keys are checked, its nulls dropped
+            defaults["custom"] = {k: v for k, v in defaults["custom"].items() if v is not None}
+        thresholds = defaults.get("thresholds")
+        if thresholds:  # the base step's value is null in the model; grafanalib writes the string "null"
+            steps = [{"color": t["color"], "value": None if t["value"] == "null" else t["value"]}
+                     for t in thresholds.get("steps", [])]  # fmt: skip
+            defaults["thresholds"] = {"mode": thresholds["mode"], "steps": steps}
+        out["fieldConfig"] = {**config, "defaults": defaults}
+    return out
+
+
+def _variable(variable: dict) -> dict:
+    out = _keep(variable, _VARIABLE)
+    if "current" in out:
+        out["current"] = _keep(out["current"], _OPTION)
+    out["options"] = [_keep(o, _OPTION) for o in out.get("options", [])]
+    return out
+
+
+def _annotation(annotation: dict) -> dict:
+    out = _keep(annotation, _ANNOTATION)
+    if "expr" in annotation:  # the legacy top-level query, as Grafana's Prometheus data source migrates it
+        out["target"] = {"refId": "Anno", "expr": annotation["expr"], "interval": annotation.get("step", "")}
+    return out
+
+
+def grafana_model(data: dict) -> dict:
+    """grafanalib's dashboard JSON reduced to Grafana's own model: the one place where the two meet."""
+    out = _keep(data, _DASHBOARD)
+    out["panels"] = [_panel(p) for p in data.get("panels", [])]
+    out["templating"] = {"list": [_variable(v) for v in data["templating"]["list"]]}
+    out["annotations"] = {"list": [_annotation(a) for a in data["annotations"]["list"]]}
+    out["timepicker"] = _keep(data["timepicker"], _TIMEPICKER)
+    return out
