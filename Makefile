@@ -58,7 +58,12 @@ test: system-deps vllm-env litellm-env operator-kinds grafana-schema $(BIN)/batc
 test-blocked: $(BIN)/batchlens  ## tests of blocked issues, on their known faults (issue 17: the controller on a real vLLM)
 	$(BIN)/pytest -m blocked -p no:cacheprovider -v
 
-demo: $(BIN)/batchlens  ## the whole stack natively (simulator, load, exporter, hook, Prometheus, Alertmanager, Grafana if installed)
+demo: $(BIN)/batchlens  ## the whole stack natively, set up on a fresh machine (simulator, load, proxy, exporter, hook, Prometheus, Alertmanager, the report page, Grafana if installed)
+	@echo "demo: step 1/3: Prometheus and Alertmanager (Debian packages, installed when missing and root)"
+	@scripts/system-deps.sh demo
+	@echo "demo: step 2/3: the LiteLLM proxy's environment (built once, ~400 MB, cached in ~/.cache/batchlens)"
+	@scripts/litellm-env.sh || echo "demo: no LiteLLM environment (see above): the demo runs without the proxy"
+	@echo "demo: step 3/3: the stack; it prints its URLs, and Ctrl-C stops everything"
 	$(BIN)/batchlens demo
 
 build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboards/, provisioning/ addresses) from the code

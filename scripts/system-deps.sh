@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The real Prometheus, promtool, Alertmanager and amtool that the tests run (Debian packages).
+# The real Prometheus, promtool, Alertmanager and amtool that the tests and the demo run, and Chromium for the
+# report page's browser test (Debian packages).
 # Installs them when missing and we are root; otherwise fails and says what to install.
+# `system-deps.sh demo` asks for what `make demo` runs only: no Chromium.
 set -euo pipefail
 
+pairs="prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager"
+[ "${1:-}" = demo ] || pairs="$pairs chromium:chromium"
 need=()
-for pair in prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager amtool:prometheus-alertmanager; do
+for pair in $pairs; do
   bin=${pair%%:*} pkg=${pair##*:}
   command -v "$bin" >/dev/null 2>&1 || need+=("$pkg")
 done
-[ ${#need[@]} -eq 0 ] && { echo "system-deps: prometheus, promtool, prometheus-alertmanager, amtool present"; exit 0; }
+[ ${#need[@]} -eq 0 ] && { echo "system-deps: present: $(for p in $pairs; do printf '%s ' "${p%%:*}"; done)"; exit 0; }
 mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 
 if [ "$(id -u)" -ne 0 ]; then

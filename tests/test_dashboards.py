@@ -61,12 +61,13 @@ def test_the_schema_check_names_the_dashboard_panel_and_key_it_does_not_know(tmp
     gpu["annotations"]["list"][-1]["expr"] = "up"  # the legacy place of a Prometheus annotation's query
     done = check_grafana_schema(boards, tmp_path)
     assert done.returncode == 1, done.stdout
+    annotation = gpu["annotations"]["list"][-1]["name"]
     for release in ("grafana-schema-11.5", "grafana-schema-13.2"):
         for where in (f'batchlens-overview.json: panel "{stat["title"]}" (stat) options: key reduceOptionz',
                       f'batchlens-gpu.json: panel "{series["title"]}" (timeseries) fieldConfig.defaults.custom: '
                       "key lineWidht", f'batchlens-gpu.json: panel "{series["title"]}" (timeseries): key span',
                       'batchlens-gpu.json: variable "datasource": key useTags',
-                      f'batchlens-gpu.json: annotation "{gpu["annotations"]["list"][-1]["name"]}": key expr'):  # fmt: skip
+                      f'batchlens-gpu.json: annotation "{annotation}": key expr'):  # fmt: skip
             assert f"{release}: {where}: " in done.stdout, (where, done.stdout)
     assert done.stdout.strip().endswith(": 10 problems"), done.stdout
 

@@ -10,6 +10,7 @@ queries as Grafana would, and applies the panel's transformations to the results
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -20,8 +21,18 @@ import pytest
 from batchlens.prometheus_api import step_for
 from batchlens.report.command import REPORT_POINTS
 from harness.admin import AdminClient
+from harness.browser import visit
 from harness.exporter import BATCHLENS, ExporterProcess
-from harness.grafana import interpolate, panel_results, query_annotations, run_query, table_frames, transform, walk_panels
+from harness.grafana import (
+    interpolate,
+    panel_results,
+    query_annotations,
+    run_query,
+    table_frames,
+    transform,
+    walk_panels,
+)
+from harness.procs import Process, free_port, http_get, wait_until
 from harness.prometheus import PrometheusServer
 from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
@@ -30,6 +41,8 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {path.name: json.loads(path.read_text()) for path in sorted((ROOT / "dashboards").glob("*.json"))}
 LIMITS = (1, 4, 16)
+#: BATCHLENS_WRITE_SCREENSHOT=1 refreshes docs/report/live.png from the report page test.
+WRITE_SCREENSHOT = os.environ.get("BATCHLENS_WRITE_SCREENSHOT") == "1"
 PHASE_SECONDS = 15
 WINDOW = 60
 # No cluster label here: every query must work with the cluster variable on "All".
@@ -210,3 +223,37 @@ def test_batchlens_advise_is_stable_lists_every_limit_and_agrees_with_itself(sta
         assert limit.endswith(("(the knee)", "(keep)")) and judged[chosen] <= requirement, (limit, judged)
     if all(p99 <= requirement for p99 in judged.values()):
         assert advice["p99_observed"] <= requirement * 1.5, "the header contradicts every limit it lists"
+
+
+def test_the_report_page_shows_the_view_in_a_real_browser(stack, tmp_path) -> None:
+    """`batchlens report --watch`: the dashboards' view without Grafana, checked in headless Chromium (Playwright):
+    it loads, draws the charts from this Prometheus, lists every batch limit and the hook's actions, logs no
+    console error, and says what is wrong when Prometheus is not there."""
+    port, down = free_port(), free_port()
+    live = Process("report", [BATCHLENS, "report", "--prometheus", stack.url, "--watch", "--every", "2",
+                              "--listen", f"127.0.0.1:{port}"], tmp_path / "report.log")  # fmt: skip
+    nowhere = Process("report-down", [BATCHLENS, "report", "--prometheus", f"http://127.0.0.1:{free_port()}",
+                                      "--watch", "--every", "2", "--listen", f"127.0.0.1:{down}"],
+                      tmp_path / "report-down.log")  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        live.wait_http(url + "/healthz", 30)
+        nowhere.wait_http(f"http://127.0.0.1:{down}/healthz", 30)
+        wait_until(lambda: json.loads(http_get(url + "/healthz")[1] or b"{}").get("draws", 0) >= 2,
+                   timeout=60, what="two drawings")  # fmt: skip
+        seen = visit(url + "/", ROOT / "docs" / "report" / "live.png" if WRITE_SCREENSHOT else tmp_path / "live.png")
+        assert seen.console_errors == [] and seen.failed_requests == [], (seen.console_errors, seen.failed_requests)
+        assert seen.title == "batchlens: batch efficiency trend report"
+        [image] = seen.images
+        assert image["naturalWidth"] > 1000 and image["naturalHeight"] > 400, image  # the three charts, drawn
+        assert seen.tables["operating-points"] == 1 + len(LIMITS), seen.tables  # a header and a row per limit
+        assert seen.tables["actions"] > 1 and "controller" in seen.text and "breaker" in seen.text, seen.text
+        assert "Waiting for data" not in seen.text
+        wait_until(lambda: b"cannot read" in http_get(f"http://127.0.0.1:{down}/")[1], what="the error said")
+        seen_down = visit(f"http://127.0.0.1:{down}/")
+        assert "Waiting for data: cannot read" in seen_down.text and seen_down.console_errors == []
+        assert http_get(f"http://127.0.0.1:{down}/report.png")[0] == 404
+    finally:
+        live.stop()
+        nowhere.stop()
+    assert "Traceback" not in live.log_tail() + nowhere.log_tail()

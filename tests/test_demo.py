@@ -109,13 +109,19 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
             time.sleep(3)
         print(f"overview has data and the hook got the breaker after {time.monotonic() - t0:.1f} s")
         assert pick(hook, "batchlens_remediation_deliveries_total")  # decided, whatever the decision
+        # Without Grafana, the report's page shows the view (tests/test_dashboards_live.py opens it in a browser).
+        assert f"report       {url['report']}/" in demo.log_tail()
+        while get_json(url["report"] + "/healthz")["draws"] < 1:
+            assert time.monotonic() - t0 < DATA_WITHIN + 30, get_json(url["report"] + "/healthz")
+            time.sleep(1)
+        assert b'id="operating-points"' in http_get(url["report"] + "/")[1]
         assert pick(hook, "batchlens_controller_decisions_total", vllm_instance="demo"), "the demo steers by default"
     finally:
         ctrl_c(demo)
     assert demo.proc.returncode == 0, demo.log_tail()
     assert "stopped" in demo.log_tail()
     pids = [s["pid"] for s in json.loads((run / "status.json").read_text()).values()]
-    assert len(pids) == 6 and not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
+    assert len(pids) == 7 and not [p for p in pids if psutil.pid_exists(p)], "processes left behind"
 
 
 @pytest.mark.litellm
@@ -196,3 +202,36 @@ def test_a_taken_port_stops_the_demo_before_it_starts_with_the_reason(tmp_path) 
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"port {taken} (simulate) on 127.0.0.1 is taken" in done.stderr and "--port-offset" in done.stderr
     assert "running" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_make_demo_sets_the_machine_up_first_and_says_each_step(tmp_path) -> None:
+    """`make demo` on a fresh machine: Prometheus and Alertmanager installed when missing (apt-get, as root), the
+    LiteLLM environment built, then the stack. Fake boundary: apt-get and id, on a PATH without the binaries, so
+    the install is recorded, not made; `make -n` shows the order. On this machine, with Prometheus removed,
+    `make demo` installed it for real (the closing note of issue 28 says how)."""
+    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    steps = [line for line in dry.stdout.splitlines() if "system-deps" in line or "litellm-env" in line
+             or "batchlens demo" in line]  # fmt: skip
+    assert [s.split()[0] for s in steps] == ["scripts/system-deps.sh", "scripts/litellm-env.sh", ".venv/bin/batchlens"]
+    assert steps[0].split()[1:] == ["demo"]  # the stack's packages, not the tests' browser
+    assert "step 1/3" in dry.stdout and "step 3/3" in dry.stdout and "Ctrl-C stops everything" in dry.stdout
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "sort", "env"):
+        (bin_dir / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip())
+    calls = tmp_path / "apt-get.calls"
+    (bin_dir / "apt-get").write_text(f'#!/bin/bash\necho "$@" >> {calls}\n')
+    (bin_dir / "id").write_text('#!/bin/bash\necho "${FAKE_UID:-0}"\n')
+    for fake in ("apt-get", "id"):
+        (bin_dir / fake).chmod(0o755)
+    script = [str(bin_dir / "bash"), str(ROOT / "scripts" / "system-deps.sh"), "demo"]
+    as_root = subprocess.run(script, capture_output=True, text=True, env={"PATH": str(bin_dir)}, timeout=60)
+    assert as_root.returncode == 0, as_root.stderr
+    assert "installing prometheus prometheus-alertmanager" in as_root.stdout
+    assert calls.read_text().splitlines() == [
+        "update -qq",
+        "install -y -qq --no-install-recommends prometheus prometheus-alertmanager",
+    ]
+    user = subprocess.run(script, capture_output=True, text=True, env={"PATH": str(bin_dir), "FAKE_UID": "1000"},
+                          timeout=60)  # fmt: skip
+    assert user.returncode == 1 and "sudo apt-get install -y prometheus prometheus-alertmanager" in user.stderr

@@ -73,4 +73,3 @@ def main(log_level: str) -> None:
         datefmt="%Y-%m-%dT%H:%M:%S",
         stream=sys.stderr,
     )
-

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Hook = Callable[[web.Application], Awaitable[None]]
+
+
+def get_app(routes: Mapping[str, Handler], *, start: Hook, stop: Hook) -> web.Application:
+    """A read-only server: GET routes, and the background work that feeds them started and stopped with it."""
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    return app
 
 
 def run_app(app: web.Application, host: str, port: int, *, logger: logging.Logger, ready: str, **options: Any) -> None:

@@ -52,10 +52,14 @@ class Prometheus:
 
     async def instant(self, expr: str, at: float) -> dict[str, float]:
         """An instant query -> vllm_instance -> value (NaN kept: it means "no data in the range")."""
+        return {labels.get("vllm_instance", ""): value for labels, value in await self.vector(expr, at)}
+
+    async def vector(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """An instant query -> (labels, value) per series."""
         data = await self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
         if data.get("resultType") != "vector":
             raise PrometheusError(f"expected a vector for {expr!r}, got {data.get('resultType')!r}")
-        return {s["metric"].get("vllm_instance", ""): float(s["value"][1]) for s in data["result"]}
+        return [(s["metric"], float(s["value"][1])) for s in data["result"]]
 
     async def range(self, expr: str, start: float, end: float, step: float) -> dict[str, dict[float, float]]:
         """A range query -> vllm_instance -> timestamp -> value, NaN dropped."""

@@ -29,6 +29,7 @@ SERVICES: dict[str, tuple[str, int]] = {
     "litellm": ("litellm", 4000),  # the LiteLLM proxy with the batchlens routing plugin
     "exporter": ("batchlens-exporter", 9400),
     "remediate": ("batchlens-remediate", 9401),
+    "report": ("batchlens-report", 9402),  # the report's view on a page, redrawn: the dashboards without Grafana
     "prometheus": ("prometheus", 9090),
     "alertmanager": ("alertmanager", 9093),
     "grafana": ("grafana", 3000),

@@ -166,6 +166,10 @@ class Demo:
                 f"--storage.tsdb.path={self.run / 'prometheus' / 'data'}",
                 f"--web.listen-address={self.address('prometheus')}",
             ], self.url("prometheus") + "/-/ready"))  # fmt: skip
+            services.append(Service("report", [
+                *BATCHLENS, "report", "--prometheus", self.url("prometheus"), "--watch", "--every", "10",
+                "--listen", self.address("report"),
+            ], self.url("report") + "/healthz"))  # fmt: skip
         else:
             self.missing["prometheus"] = INSTALL["prometheus"]
         grafana = find("grafana-server", "grafana")
@@ -275,7 +279,7 @@ class Demo:
         lines = ["batchlens demo is running. Ctrl-C stops it.", f"  run folder   {self.run}"]
         urls = {
             "simulate": "/v1/models", "simulate-interactive": "/v1/models", "litellm": "/metrics/",
-            "exporter": "/metrics", "remediate": "/healthz",
+            "exporter": "/metrics", "remediate": "/healthz", "report": "/",
             "prometheus": "/alerts", "alertmanager": "/#/alerts", "grafana": "/dashboards",
         }  # fmt: skip
         for service in self.services:

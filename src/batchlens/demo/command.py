@@ -13,7 +13,7 @@ from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, dialect
 @click.option("--run-dir", type=click.Path(file_okay=False), default=".demo", show_default=True,
               help="Folder for logs, data, tokens and the rendered configs.")  # fmt: skip
 @click.option("--port-offset", type=click.IntRange(0, 50000), default=0, show_default=True,
-              help="Add this to every port (8000, 8001, 4000, 9090, 9093, 9400, 9401, 3000) to run beside "
+              help="Add this to every port (8000, 8001, 4000, 9090, 9093, 9400, 9401, 9402, 3000) to run beside "
                    "others.")  # fmt: skip
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="The simulator's speed (simulated seconds per second).")  # fmt: skip

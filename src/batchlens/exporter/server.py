@@ -26,7 +26,7 @@ from batchlens.exporter.sampler import Sampler, Source, describe
 from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
 from batchlens.exporter.vllm_source import VllmSource
-from batchlens.http_server import run_app
+from batchlens.http_server import get_app, run_app
 
 log = logging.getLogger("batchlens.exporter")
 
@@ -202,13 +202,8 @@ class Exporter:
         return web.Response(text=_INDEX.format(version=__version__), content_type="text/html")
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/healthz", self.handle_healthz)
-        app.router.add_get("/", self.handle_index)
-        app.on_startup.append(self.start)
-        app.on_cleanup.append(self.stop)
-        return app
+        routes = {"/metrics": self.handle_metrics, "/healthz": self.handle_healthz, "/": self.handle_index}
+        return get_app(routes, start=self.start, stop=self.stop)
 
 
 def serve(config: Config, *, access_log: bool = False) -> None:

@@ -22,7 +22,14 @@ from batchlens.clikit import load as load_or_fail
 @prometheus_timeout_option
 @click.option("--out", type=click.Path(file_okay=False), default="batchlens-report", show_default=True,
               help="Folder for report.png and report.html.")  # fmt: skip
-def report(config_path: str | None, prometheus_url: str, range_: str, timeout: float, out: str) -> None:
+@click.option("--watch", is_flag=True,
+              help="Serve the report on a local page, redrawn every --every seconds, until Ctrl-C.")  # fmt: skip
+@click.option("--listen", metavar="HOST:PORT", default="127.0.0.1:9402", show_default=True,
+              help="With --watch: where the page is served.")  # fmt: skip
+@click.option("--every", type=click.FloatRange(min=1), default=15.0, show_default=True, metavar="SECONDS",
+              help="With --watch: how often the page is redrawn (and the browser reloads it).")  # fmt: skip
+def report(config_path: str | None, prometheus_url: str, range_: str, timeout: float, out: str, watch: bool,
+           listen: str, every: float) -> None:  # fmt: skip
     """Write the batch efficiency trend report: a PNG and an HTML page.
 
     It shows what the overview dashboard shows, without Grafana: the operating
@@ -35,6 +42,16 @@ def report(config_path: str | None, prometheus_url: str, range_: str, timeout: f
     starts where the data starts, and its step follows the span it covers
     (about 600 points), so a short history is drawn in detail. It needs
     batchlens' recording rules (alerts/batchlens.rules.yml) in Prometheus.
+
+    --watch serves the same view on a page that redraws itself, with the
+    breaker's and the controller's actions: the dashboards without Grafana
+    (`batchlens demo` runs it). A Prometheus that fails leaves the last good
+    picture up, with what went wrong above it.
+
+    \b
+    Examples:
+      batchlens report --prometheus http://127.0.0.1:9090 --range 6h --out report/
+      batchlens report --prometheus http://127.0.0.1:9090 --watch   # http://127.0.0.1:9402/
     """
     import asyncio
     import time
@@ -47,6 +64,8 @@ def report(config_path: str | None, prometheus_url: str, range_: str, timeout: f
 
     config = load_or_fail(config_path, {})
     seconds = duration(range_, "--range")
+    if watch:
+        return _watch(prometheus_url, config.thresholds, seconds, timeout, listen, every)
     folder = writable_folder(out, "--out")
 
     async def load():
@@ -65,3 +84,23 @@ def report(config_path: str | None, prometheus_url: str, range_: str, timeout: f
 
 
 REPORT_POINTS = 600
+
+
+def _watch(prometheus_url: str, thresholds, seconds: float, timeout: float, listen: str, every: float) -> None:
+    import logging
+
+    from batchlens.config import parse_listen
+    from batchlens.http_server import run_app
+    from batchlens.report.live import LiveReport
+
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from None
+    live = LiveReport(prometheus_url, thresholds, seconds=seconds, timeout=timeout, every=every)
+    logger = logging.getLogger("batchlens.report")
+    try:
+        run_app(live.app(), host, port, logger=logger, access_log=None,
+                ready=f"report page on http://{listen}/ (from {prometheus_url}, every {every:g} s)")  # fmt: skip
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from None

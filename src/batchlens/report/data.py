@@ -43,12 +43,33 @@ class Point:
         return self.values.get(name, math.nan)
 
 
+@dataclass(frozen=True)
+class Action:
+    """What the breaker or the controller did to an engine over the report's range, and how often."""
+
+    vllm_instance: str
+    by: str  # "breaker" or "controller"
+    what: str  # the breaker's action and its result, or the controller's reason
+    count: int
+
+
+def action_queries(seconds: float) -> dict[str, str]:
+    """by -> the query of its counts over the last ``seconds``, one series per engine and kind."""
+    window = f"[{max(1, round(seconds))}s]"
+    return {
+        "breaker": "sum by (vllm_instance, action, result) "
+        f"(increase(batchlens_remediation_actions_total{window})) > 0",
+        "controller": f"sum by (vllm_instance, reason) (increase(batchlens_controller_decisions_total{window})) > 0",
+    }
+
+
 @dataclass
 class Report:
     thresholds: Thresholds
     start: float
     end: float
     points: dict[str, list[Point]]  # vllm_instance -> points in time order
+    actions: list[Action] = field(default_factory=list)
 
     def per_limit(self) -> list[dict]:
         """Averages per (engine, batch limit): the operating points table."""
@@ -77,9 +98,15 @@ def align(thresholds: Thresholds, start: float, end: float, measures: dict[str, 
 
 
 async def fetch(prometheus: Prometheus, thresholds: Thresholds, start: float, end: float, step: float) -> Report:
-    """Run the report's queries from ``start`` to ``end`` and align them."""
+    """Run the report's queries from ``start`` to ``end`` and align them, with the actions taken meanwhile."""
     measures = {name: await prometheus.range(expr, start, end, step) for name, expr in queries(thresholds).items()}
-    return align(thresholds, start, end, measures)
+    report = align(thresholds, start, end, measures)
+    for by, expr in action_queries(end - start).items():
+        for labels, value in await prometheus.vector(expr, end):
+            what = labels.get("reason") or f"{labels.get('action', '?')}: {labels.get('result', '?')}"
+            report.actions.append(Action(labels.get("vllm_instance", ""), by, what, round(value)))
+    report.actions.sort(key=lambda a: (a.vllm_instance, a.by, -a.count, a.what))
+    return report
 
 
 def rules_needed(thresholds: Thresholds) -> set[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import io
 import math
 from pathlib import Path
 
@@ -84,7 +85,17 @@ def _cell(value) -> str:
     return html.escape(str(value))
 
 
-def page(report: Report, png_name: str) -> str:
+def _actions(report: Report) -> str:
+    if not report.actions:
+        return "<p>No breaker or controller action over this range.</p>"
+    head = "<tr><th>vllm_instance</th><th>by</th><th>what</th><th>count</th></tr>"
+    body = "".join(f"<tr><td>{_cell(a.vllm_instance)}</td><td>{_cell(a.by)}</td><td>{_cell(a.what)}</td>"
+                   f"<td>{a.count}</td></tr>" for a in report.actions)  # fmt: skip
+    return f'<table id="actions">{head}{body}</table>'
+
+
+def page(report: Report, png_name: str, *, refresh: float | None = None, banner: str = "") -> str:
+    """The report's page; ``refresh`` (seconds) makes the browser reload it, ``banner`` says what went wrong."""
     rows = report.per_limit()
     columns = ("vllm_instance", "batch_limit", "samples", "throughput", "p99", "memory_busy", "kv_usage", "efficiency")
     head = "".join(f"<th>{c}</th>" for c in columns)
@@ -95,9 +106,13 @@ def page(report: Report, png_name: str) -> str:
     t = report.thresholds
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>batchlens: batch efficiency trend report</title>
+<link rel="icon" href="data:,">
+{f'<meta http-equiv="refresh" content="{refresh:g}">' if refresh else ""}
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style></head>
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}
+.banner{{background:#fee;border:1px solid #c00;padding:6px}}</style></head>
 <body><h1>Batch efficiency trend report</h1>
+{f'<p class="banner">{html.escape(banner)}</p>' if banner else ""}
 <p>{start} to {end}. Engines: {html.escape(", ".join(report.points) or "none")}.
 Thresholds: P99 {html.escape(t.p99_latency)} {t.p99_seconds} s, KV blocks {t.kv_blocks_ratio:.0%},
 GPU memory {t.bandwidth_ratio:.0%}.</p>
@@ -105,17 +120,27 @@ GPU memory {t.bandwidth_ratio:.0%}.</p>
 <h2>Operating points per batch limit</h2>
 <p>Averages over the range while each batch limit was in force. Throughput in tokens/s, P99 in seconds,
 efficiency in tokens/s per running sequence.</p>
-<table><tr>{head}</tr>{body}</table>
+<table id="operating-points"><tr>{head}</tr>{body}</table>
+<h2>What the breaker and the controller did</h2>
+<p>Counts over the range: the breaker's actions and their results, the controller's decisions by reason.</p>
+{_actions(report)}
 </body></html>
 """
+
+
+def png_bytes(report: Report) -> bytes:
+    """The report's three charts as one PNG."""
+    fig = figure(report)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def write(report: Report, out: Path) -> tuple[Path, Path]:
     """Write report.png and report.html into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     png, page_path = out / "report.png", out / "report.html"
-    fig = figure(report)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    png.write_bytes(png_bytes(report))
     page_path.write_text(page(report, png.name))
     return png, page_path

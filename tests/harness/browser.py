@@ -1,0 +1,66 @@
+"""A real browser, headless: Debian's Chromium driven by Playwright (its own browser downloads cannot run here).
+
+Chromium starts with the flags this machine needs: no sandbox (root), no GPU, and no background networking,
+whose connections the closed network refuses. Each call gets a fresh profile.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+
+
+@dataclass
+class PageVisit:
+    title: str
+    console_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    images: list[dict] = field(default_factory=list)  # src, naturalWidth, naturalHeight
+    tables: dict[str, int] = field(default_factory=dict)  # table id -> rows
+    text: str = ""
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if not path:
+        raise AssertionError("Chromium is missing: apt-get install chromium (make test's system-deps installs it)")
+    return path
+
+
+def visit(url: str, screenshot: Path | None = None, *, wait_ms: int = 1500) -> PageVisit:
+    """Load ``url``, wait for it to settle, and report what a user's browser saw (and logged)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:  # pragma: no cover - the test extra installs it
+        raise AssertionError("playwright is missing: pip install -e '.[test]'") from None
+    with tempfile.TemporaryDirectory(prefix="batchlens-chromium-") as profile, sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            profile, executable_path=chromium(), args=CHROMIUM_FLAGS, viewport={"width": 1600, "height": 1100}
+        )
+        try:
+            page = browser.new_page()
+            seen = PageVisit(title="")
+            page.on("console", lambda m: seen.console_errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: seen.console_errors.append(str(e)))
+            page.on("requestfailed", lambda r: seen.failed_requests.append(f"{r.url}: {r.failure}"))
+            page.goto(url, wait_until="load")
+            page.wait_for_timeout(wait_ms)
+            seen.title = page.title()
+            seen.images = page.eval_on_selector_all(
+                "img",
+                "els => els.map(e => ({src: e.src, naturalWidth: e.naturalWidth, naturalHeight: e.naturalHeight}))",
+            )
+            seen.tables = page.eval_on_selector_all(
+                "table", "els => Object.fromEntries(els.map(e => [e.id, e.rows.length]))"
+            )
+            seen.text = page.inner_text("body")
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
+            return seen
+        finally:
+            browser.close()
