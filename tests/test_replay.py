@@ -17,8 +17,9 @@ import pytest
 
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
+from batchlens.replay.output import arrival_rate, figure, table
 from batchlens.replay.policies import Static, oracle_limits, parse_policy
-from batchlens.replay.simulated import replay
+from batchlens.replay.simulated import Run, replay
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
@@ -182,8 +183,11 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
     print(f"default {default['goodput_rps']:.3f}/s, oracle {oracle['policy']} {oracle['goodput_rps']:.3f}/s")
     assert oracle["goodput_rps"] >= 1.5 * default["goodput_rps"], (oracle, default)
     assert default["p99_tpot_s"] > SLO.tpot_seconds, "vLLM's default breaks the TPOT bound here"
-    statics = [p["goodput_rps"] for p in policies.values() if p["policy"] in ("default", "static:8")]
-    assert oracle["goodput_rps"] >= max(statics)
+    # The oracle reports a limit in the range it sweeps, and replaying that limit alone gives what it reported.
+    limit = int(oracle["policy"].removeprefix("static:"))
+    assert 1 <= limit <= 128 and oracle["requests"] == len(poisson(5, 90))
+    again = replay(read_trace(trace, "jsonl"), engine(), Static(limit), SLO).judgement.goodput_rps
+    assert again == pytest.approx(oracle["goodput_rps"]), (limit, again, oracle)
     # The controller, from the engine's own metrics only, steers well clear of the default
     # (benchmarks/controller.py compares it with the oracle on four workloads).
     adaptive = policies["adaptive"]
@@ -209,3 +213,27 @@ def test_the_slo_and_the_policy_are_checked_before_the_replay(tmp_path: Path) ->
                               text=True, timeout=60)  # fmt: skip
         assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert math.isnan(judge([], 0, SLO).slo_attainment)
+
+
+def test_a_spreadsheets_byte_order_mark_is_not_part_of_the_header(tmp_path: Path) -> None:
+    (tmp_path / "b.csv").write_bytes(b"\xef\xbb\xbf" + BURSTGPT.encode())
+    assert read_trace(tmp_path / "b.csv", "burstgpt") == [TraceRequest(0, 472, 18), TraceRequest(41, 417, 276)]
+
+
+def test_the_arrival_rate_is_drawn_in_whole_buckets_and_bounded() -> None:
+    steady = [TraceRequest(i / 4.5, 10, 10) for i in range(int(4.5 * 95))]  # 95 s at 4.5/s: a partial last 10 s
+    starts, rates = arrival_rate(steady)
+    assert starts[-1] == pytest.approx(steady[-1].t) and min(rates) > 4.0 and max(rates) < 5.0, rates
+    starts, _ = arrival_rate([TraceRequest(0, 1, 1), TraceRequest(3e7, 1, 1)])  # a gap of a year: 1000 buckets
+    assert len(starts) == 1001
+
+
+def test_a_live_run_draws_no_batch_limit_axis_and_a_refused_run_says_why() -> None:
+    trace = poisson(2, 10)
+    live = Run("live", judge([], 10, SLO), [], refused=None)
+    assert len(figure([live], None, trace, title="t").axes) == 2  # goodput, arrivals: no empty limit axis
+    steered = replay(trace, engine(), Static(8), SLO)
+    assert len(figure([steered], None, trace, title="t").axes) == 3
+    refused = replay([TraceRequest(0, 9000, 10), TraceRequest(1, 9000, 10)], engine(), Static(), SLO)
+    shown = table([refused], None, SLO)
+    assert "default: 2 of 2 requests refused at arrival as longer than --max-model-len" in shown, shown

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from harness.exporter import scraped_sum
 from harness.replay import replay, write_trace
 from harness.simulator import SimulatorProcess
 
@@ -18,19 +19,27 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_replay_against_the_simulator_measures_every_request_at_the_client(tmp_path) -> None:
+    """Every request accounted for, by the engine's own counters: the long prompts the server turned away
+    (HTTP 400 past --max-model-len) are failed, the rest answered, and nothing is lost between the two."""
     trace = tmp_path / "trace.jsonl"
-    count = write_trace(trace, seconds=4, rate=10)
-    sim = SimulatorProcess(tmp_path, speed=4)
+    count = write_trace(trace, seconds=4, rate=10, prompts=(128, 256, 4096))
+    longs = trace.read_text().count('"prompt_tokens": 4096')
+    sim = SimulatorProcess(tmp_path, speed=4, args=("--max-model-len", "2048"))
     try:
         done = replay(trace, sim.url + "/v1", "--out", str(tmp_path / "out"))
+        served = scraped_sum(sim.url, "vllm:request_success_total")
     finally:
         sim.stop()
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     [live] = result["policies"]
     assert result["sent"] == result["requests"] == live["requests"] == count and result["stopped"] is None
-    assert 0 < live["good"] <= count and live["goodput_rps"] > 0 and live["p99_ttft_s"] > 0, live
-    assert live["throughput_tokens_s"] > 0 and live["final_limit"] is None
+    assert 0 < longs < count
+    assert result["accounting"]["total"] == {"sent": count, "answered": count - longs, "refused": {},
+                                             "failed": {"http_400": longs}}, result["accounting"]  # fmt: skip
+    assert served == count - longs  # the engine's own count of what it answered
+    assert 0 < live["good"] <= count - longs and live["goodput_rps"] > 0 and live["p99_ttft_s"] > 0, live
+    assert live["throughput_tokens_s"] > 0
     assert (tmp_path / "out" / "replay.csv").exists() and (tmp_path / "out" / "replay.png").stat().st_size > 0
 
 
@@ -52,4 +61,7 @@ def test_an_engine_dying_mid_replay_ends_it_with_what_was_measured(tmp_path) -> 
     assert 5 <= result["sent"] < count and result["stopped"].startswith("stopped ")
     [live] = result["policies"]
     assert live["requests"] == result["sent"] and live["good"] > 0, "what was measured before the death is kept"
+    total = result["accounting"]["total"]
+    assert total["sent"] == result["sent"] == total["answered"] + sum(total["failed"].values())
+    assert total["failed"].get("connect", 0) >= 5, total  # the deaths that ended it, each counted by reason
     assert time.monotonic() - started < 15, "it stops at the death, not at the end of the trace"

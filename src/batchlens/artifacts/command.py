@@ -27,6 +27,12 @@ def build(config_path: str | None, root: str | None, check: bool) -> None:
     build --check` to catch a file that no longer matches the code. From an
     installed batchlens, `--root DIR` writes the same files anywhere: load them
     into your own Prometheus, Alertmanager and Grafana.
+
+    \b
+    Examples:
+      batchlens build                                   # in a checkout: rewrite the committed files
+      batchlens build --check                           # what CI runs: fail on a stale file
+      batchlens build --config my.yaml --root /etc/batchlens-build
     """
     from pathlib import Path
 
@@ -44,6 +50,8 @@ def build(config_path: str | None, root: str | None, check: bool) -> None:
     if not check:
         writable_folder(root, "--root")
     config = load_or_fail(config_path, {})
+    for warning in config.routing_warnings():
+        click.echo(f"Warning: {warning}", err=True)
     try:
         stale = write(config, Path(root), check=check)
     except ValueError as exc:
@@ -51,5 +59,6 @@ def build(config_path: str | None, root: str | None, check: bool) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot write under {root}: {exc.strerror or exc}") from None
     if stale:
-        raise click.ClickException(f"stale generated files (run `batchlens build`): {', '.join(stale)}")
+        again = " ".join(["batchlens build", *([f"--config {config_path}"] if config_path else []), "--root", root])
+        raise click.ClickException(f"stale generated files (run `{again}`): {', '.join(stale)}")
     click.echo(f"{len(artifacts(config))} files under {root}: {'up to date' if check else 'written'}")

@@ -421,6 +421,35 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _long_engines_take_long_prompts(self) -> Config:
+        bound = self.routing.long_prompt_tokens
+        for engine in self.engines:
+            if "long" in engine.role and engine.max_model_len is not None and engine.max_model_len <= bound:
+                raise ValueError(
+                    f"engine {engine.name!r} has the role long but max_model_len {engine.max_model_len}: a long "
+                    f"prompt is over routing.long_prompt_tokens ({bound}), so it could take none"
+                )
+        return self
+
+    def routing_warnings(self) -> list[str]:
+        """What the routing settings allow but will not do what they seem to: said once by build and at start."""
+        warnings, bound = [], self.routing.long_prompt_tokens
+        if any(e.role != ("main",) for e in self.engines) and not self.routing.model:
+            warnings.append("engines have routing roles but routing.model is empty: no router config is written "
+                            "(routing/); set routing.model to the name clients ask for")  # fmt: skip
+        short = [e.name for e in self.engines if "main" in e.role and e.max_model_len and e.max_model_len < bound]
+        if short:
+            warnings.append(f"main engine(s) {', '.join(short)} take prompts up to max_model_len, below "
+                            f"routing.long_prompt_tokens ({bound}): a prompt between the two fits no main engine "
+                            "and goes to a fallback")  # fmt: skip
+        if self.routing.model and self.routing.metrics_auth:
+            warnings.append("routing.metrics_auth is true: the proxy's /metrics/ wants its key, and the provisioned "
+                            "Prometheus (provisioning/prometheus/prometheus.yml, job litellm) scrapes it without "
+                            "one (HTTP 401): give that job the key (authorization.credentials_file), or set "
+                            "routing.metrics_auth: false where only Prometheus reaches the proxy")  # fmt: skip
+        return warnings
+
+    @model_validator(mode="after")
     def _unique_engine_names(self) -> Config:
         seen: set[str] = set()
         for engine in self.engines:

@@ -25,6 +25,11 @@ def config_show(config_path: str | None, fmt: str) -> None:
 
     Token values never appear: the `secrets` section only says whether each
     token variable is set.
+
+    \b
+    Examples:
+      batchlens config show --config batchlens.yaml
+      BATCHLENS_EXPORTER__INTERVAL_SECONDS=2 batchlens config show --format json
     """
     data = masked_dump(load_or_fail(config_path, {}))
     if fmt == "json":

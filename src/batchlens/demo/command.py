@@ -54,6 +54,12 @@ def demo(
     found (--litellm). Everything lives in --run-dir; the URLs are printed once all is
     up. Prometheus and Alertmanager come from the Debian packages prometheus and
     prometheus-alertmanager; a missing one is reported and the rest starts.
+    Without Grafana, the report page (batchlens report --watch) shows the view.
+
+    \b
+    Examples:
+      batchlens demo                               # what `make demo` runs, after setting the machine up
+      batchlens demo --port-offset 100 --no-steer  # beside another stack, the breaker alone
     """
     from pathlib import Path
 

@@ -33,6 +33,11 @@ def doctor(config_path: str | None, sample_seconds: float, host_root: str, as_js
     Each check says PASS, WARN, FAIL or SKIP, what it found, why it matters and
     what to do. Without a GPU the GPU checks SKIP. Exit code: 1 on any FAIL,
     3 on WARNs only, 0 otherwise (SKIPs included), for CI.
+
+    \b
+    Examples:
+      batchlens doctor
+      batchlens doctor --host-root /host --json     # in a container, the host's root mounted at /host
     """
     from pathlib import Path
 

@@ -124,6 +124,10 @@ async def send(
         return Result(p, False, "timeout")
     except aiohttp.ClientConnectorError:
         return Result(p, False, "connect")
+    except aiohttp.ServerDisconnectedError:  # the server closed the connection without an answer
+        return Result(p, False, "disconnected")
+    except aiohttp.ClientOSError as exc:  # a connection reset mid-request
+        return Result(p, False, "reset", reason=str(exc)[:200])
     except (aiohttp.ClientError, ValueError, KeyError):
         return Result(p, False, "protocol")
 

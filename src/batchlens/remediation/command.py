@@ -28,6 +28,17 @@ def remediate(
     STATE.actions.jsonl. The webhook needs the bearer token from the variable
     remediate.webhook_token_env names (BATCHLENS_WEBHOOK_TOKEN by default).
 
+    With control.enabled it also runs the adaptive controller (docs/control.md):
+    every control.interval_seconds it reads each engine's own /metrics and
+    steers the limit toward the most good requests per second within the SLO;
+    the breaker stays the safety layer around it, and a limit set by hand
+    pauses it for that engine (control.manual_hold_seconds).
+
+    \b
+    Examples:
+      batchlens remediate --config batchlens.yaml
+      batchlens remediate --config batchlens.yaml --dry-run      # decide and log, change nothing
+
     \b
     Alertmanager receiver:
       webhook_configs:

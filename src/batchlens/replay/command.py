@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from batchlens.clikit import HttpUrl, config_option, load, proxy_options, proxy_via, writable_folder
-from batchlens.replay.traces import FORMATS
+from batchlens.replay.traces import FORMATS, MAX_RATE_SCALE, MIN_RATE_SCALE
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
 
@@ -22,7 +22,7 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               help="Skip this much of the trace.")  # fmt: skip
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Replay this much of the trace [default: all of it].")  # fmt: skip
-@click.option("--rate-scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--rate-scale", type=click.FloatRange(MIN_RATE_SCALE, MAX_RATE_SCALE), default=1.0, show_default=True,
               help="X times the request rate, same shape: the gaps between arrivals divided by X.")  # fmt: skip
 @click.option("--simulated", is_flag=True,
               help="Replay on the simulator's engine model, in simulated time (deterministic, fast).")  # fmt: skip
@@ -90,8 +90,14 @@ def replay(
     from batchlens.replay.traces import TraceError, read_trace, select
     from batchlens.simulator.engine import Engine
 
-    if simulated == (url is not None):
+    if simulated and url is not None:
+        raise click.UsageError("give --simulated or --url, not both: the engine model in simulated time, or a server")
+    if not simulated and url is None:
         raise click.UsageError("give --simulated (the engine model, simulated time) or --url URL (a server, real time)")
+    if simulated and (served_model or api_key_env or text_prompts):
+        given = [f for f, v in (("--served-model", served_model), ("--api-key-env", api_key_env),
+                                ("--text-prompts", text_prompts)) if v]  # fmt: skip
+        raise click.UsageError(f"{', '.join(given)} need --url: the engine model of --simulated serves no model names")
     if url is not None and (oracle or set(policies) != {"default"}):
         raise click.UsageError(
             "--url replays against the engine as it runs, steered by whatever steers it (batchlens remediate "
@@ -115,7 +121,7 @@ def replay(
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
     if not requests:
-        raise click.ClickException(f"{trace}: no request between {start:g} s and {start + (duration or 0):g} s")
+        raise click.ClickException(_nothing_between(trace, fmt, start, duration))
 
     if url is not None:
         via = proxy_via(api_key_env, text_prompts, config.routing.latency_header)
@@ -157,6 +163,7 @@ def replay(
 
 def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path | None, trace: str, via) -> None:
     import asyncio
+    from dataclasses import asdict
 
     from batchlens.replay.live import replay_live
     from batchlens.replay.output import rows, table, write_csv, write_png
@@ -171,12 +178,16 @@ def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path |
     if as_json:
         click.echo(json.dumps({"slo": {"ttft_s": slo.ttft_seconds, "tpot_s": slo.tpot_seconds}, "url": url,
                                "requests": len(requests), "sent": live.sent, "stopped": live.stopped or None,
+                               "accounting": {k: asdict(v) for k, v in live.accounting.items()},
                                "policies": rows([live.run]), "classes": rows(list(live.classes.values()))},
                               indent=2))  # fmt: skip
     else:
         click.echo(table([live.run], None, slo))
+        click.echo(live.accounting["total"].summary())
         if live.classes:
             click.echo("\nBy class:\n" + table(list(live.classes.values()), None, slo))
+            for name in live.classes:
+                click.echo(f"{name}: {live.accounting[name].summary()}")
     if folder:
         write_csv([live.run], None, folder / "replay.csv")
         write_png([live.run], None, requests, folder / "replay.png", title=Path(trace).name)
@@ -184,3 +195,12 @@ def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path |
     if live.stopped:
         click.echo(f"Error: {live.stopped}", err=True)
         raise SystemExit(1)
+
+
+def _nothing_between(trace: str, fmt: str, start: float, duration: float | None) -> str:
+    from batchlens.replay.traces import read_trace
+
+    last = read_trace(Path(trace), fmt)[-1].t
+    if start > last:
+        return f"{trace}: --start {start:g} is past the trace's end: its last request is at {last:g} s"
+    return f"{trace}: no request between {start:g} s and {start + (duration or 0):g} s (the trace spans 0..{last:g} s)"

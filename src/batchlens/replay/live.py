@@ -13,6 +13,7 @@ sent; the run is judged on what was sent, and says where and why it stopped.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,33 @@ from batchlens.replay.traces import TraceRequest
 
 DEAD_AFTER = 5  # requests in a row that found nobody (connect error or timeout): the engine is gone
 DEAD_REASONS = ("connect", "timeout")
+#: Answers that turn a request away at the door (admission, a gateway's rate limit): counted apart from failures.
+REFUSALS = ("http_503", "http_429")
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Every request sent, and what came of it: answered, refused at the door, or failed, by reason."""
+
+    sent: int
+    answered: int
+    refused: dict[str, int]  # by HTTP status: http_503, http_429
+    failed: dict[str, int]  # by reason: http_<status>, timeout, connect, reset, disconnected, protocol, abandoned
+
+    @classmethod
+    def of(cls, results: Sequence[Result]) -> Accounting:
+        refused = Counter(r.error for r in results if not r.ok and r.error in REFUSALS)
+        failed = Counter(r.error or "unknown" for r in results if not r.ok and r.error not in REFUSALS)
+        return cls(
+            len(results), sum(r.ok for r in results), dict(sorted(refused.items())), dict(sorted(failed.items()))
+        )
+
+    def summary(self) -> str:
+        def listed(counts: dict[str, int]) -> str:
+            return f" ({', '.join(f'{k} {v}' for k, v in counts.items())})" if counts else ""
+
+        return (f"sent {self.sent}: answered {self.answered}, refused {sum(self.refused.values())}"
+                f"{listed(self.refused)}, failed {sum(self.failed.values())}{listed(self.failed)}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -34,6 +62,7 @@ class LiveRun:
     sent: int
     stopped: str = ""  # why the replay stopped before the end of the trace; empty when it ran through
     classes: dict[str, Run] = field(default_factory=dict)  # each latency class of the trace judged alone
+    accounting: dict[str, Accounting] = field(default_factory=dict)  # "total", and each latency class
 
 
 async def _until_done_or_dead(tasks: list[asyncio.Task], dead: asyncio.Task) -> None:
@@ -98,6 +127,10 @@ async def replay_live(
         seconds = loop.time() - start
     judgement = judge([outcome(r) for r in results], seconds, slo)
     classes = sorted({r.planned.latency_class for r in results} - {""})
-    by_class = {c: Run(c, judge([outcome(r) for r in results if r.planned.latency_class == c], seconds, slo), [])
-                for c in classes}  # fmt: skip
-    return LiveRun(Run("live", judgement, []), sent=len(results), stopped=stopped[0], classes=by_class)
+    of_class = {c: [r for r in results if r.planned.latency_class == c] for c in classes}
+    by_class = {
+        c: Run(c, judge([outcome(r) for r in rs], seconds, slo), [], refused=None) for c, rs in of_class.items()
+    }
+    accounting = {"total": Accounting.of(results), **{c: Accounting.of(rs) for c, rs in of_class.items()}}
+    return LiveRun(Run("live", judgement, [], refused=None), sent=len(results), stopped=stopped[0], classes=by_class,
+                   accounting=accounting)  # fmt: skip

@@ -51,6 +51,10 @@ def table(runs: Sequence[Run], best: Run | None, slo: Slo) -> str:
     lines = text_table(COLUMNS, rows(shown), width=11, marks=["  <- oracle" if run is best else "" for run in shown])
     lines.append(f"good: TTFT <= {slo.ttft_seconds:g}s and TPOT <= {slo.tpot_seconds:g}s; goodput over the whole run, "
                  "drain included")  # fmt: skip
+    for run in shown:
+        if run.refused:  # otherwise a run refused whole reads as an engine that served nothing, with no reason
+            lines.append(f"{run.policy}: {run.refused} of {run.judgement.requests} requests refused at arrival as "
+                         "longer than --max-model-len (not good)")  # fmt: skip
     if best:
         base = {run.policy: run.judgement.goodput_rps for run in runs}
         ratios = [f"{policy}/oracle {value / best.judgement.goodput_rps:.2f}" for policy, value in base.items()
@@ -69,28 +73,49 @@ def write_csv(runs: Sequence[Run], best: Run | None, path: Path) -> None:
             writer.writerow({**row, "oracle": int(best is not None and i == len(shown) - 1)})
 
 
+def arrival_rate(trace: Sequence[TraceRequest], target: float = 10.0, most: int = 1000) -> tuple[list, list]:
+    """Arrivals per second in equal buckets of about ``target`` seconds that end at the last arrival: no partial
+    bucket at the end to read as a drop, and at most ``most`` buckets however long the trace (one gap of a
+    year draws a thousand buckets, not three million). Returns the buckets' starts, with the last one's end
+    repeated, and the rates, with the last one repeated (for a step plot)."""
+    span = trace[-1].t
+    n = max(1, min(most, round(span / target)))
+    width = span / n if span > 0 else 1.0
+    counts = [0] * n
+    for request in trace:
+        counts[min(int(request.t / width), n - 1)] += 1
+    rates = [c / width for c in counts]
+    return [i * width for i in range(n + 1)], [*rates, rates[-1]]
+
+
 def write_png(runs: Sequence[Run], best: Run | None, trace: Sequence[TraceRequest], path: Path, *, title: str) -> None:
+    fig = figure(runs, best, trace, title=title)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(runs: Sequence[Run], best: Run | None, trace: Sequence[TraceRequest], *, title: str):
+    """Goodput per policy, and the arrival rate with each steered run's batch limit over time."""
     shown = [*runs, *([best] if best else [])]
     fig, (ax_good, ax_time) = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
     names = [run.policy + (" (oracle)" if run is best else "") for run in shown]
     ax_good.bar(names, [run.judgement.goodput_rps for run in shown], color="tab:blue")
     ax_good.set(title=f"Goodput per policy: {title}", ylabel="good requests/s")
     ax_good.tick_params(axis="x", rotation=30)
-    bucket = 10.0
-    end = trace[-1].t
-    counts = [0] * (int(end // bucket) + 1)
-    for request in trace:
-        counts[int(request.t // bucket)] += 1
-    ax_time.plot([i * bucket for i in range(len(counts))], [c / bucket for c in counts], color="gray",
-                 label="arrivals/s")  # fmt: skip
-    ax_time.set(title="Arrival rate and batch limit over time", xlabel="seconds", ylabel="arrivals/s")
-    ax_limit = ax_time.twinx()
-    for run in (r for r in shown if r.limits):  # a live replay does not know the engine's limit
-        times = [t for t, _ in run.limits] + [run.judgement.seconds]
-        limits = [limit for _, limit in run.limits] + [run.limits[-1][1]]
-        ax_limit.step(times, limits, where="post", label=run.policy)
-    ax_limit.set(ylabel="batch limit", yscale="log")
-    handles = [h for ax in (ax_time, ax_limit) for h in ax.get_legend_handles_labels()[0]]
+    starts, rates = arrival_rate(trace)
+    ax_time.step(starts, rates, where="post", color="gray", label="arrivals/s")
+    steered = [r for r in shown if r.limits]  # a live replay does not know the engine's limit
+    ax_time.set(title="Arrival rate and batch limit over time" if steered else "Arrival rate over time",
+                xlabel="seconds", ylabel="arrivals/s")  # fmt: skip
+    axes = [ax_time]
+    if steered:
+        ax_limit = ax_time.twinx()
+        for run in steered:
+            times = [t for t, _ in run.limits] + [run.judgement.seconds]
+            limits = [limit for _, limit in run.limits] + [run.limits[-1][1]]
+            ax_limit.step(times, limits, where="post", label=run.policy)
+        ax_limit.set(ylabel="batch limit", yscale="log")
+        axes.append(ax_limit)
+    handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
     ax_time.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig

@@ -27,7 +27,7 @@ class Run:
     policy: str
     judgement: Judgement
     limits: list[tuple[float, int]] = field(default_factory=list)  # (time, limit) at each change
-    refused: int = 0  # longer than max_model_len
+    refused: int | None = 0  # longer than max_model_len; None live, where LiveRun.accounting says what came back
     decisions: dict[str, int] = field(default_factory=dict)  # a steering policy's decisions, by reason
     requests: list[SimRequest] = field(default_factory=list, repr=False)  # as the engine left them: exact timings
 

@@ -18,8 +18,10 @@ from datetime import datetime
 from pathlib import Path
 
 FORMATS = ("azure", "burstgpt", "jsonl")
+MIN_RATE_SCALE, MAX_RATE_SCALE = 0.001, 1000.0  # a thousand times slower or faster: beyond, a replay means nothing
 MAX_LINE_BYTES = 64 * 1024  # no trace line is longer; a longer one is not a trace
 MAX_TOKENS = 10_000_000  # no request is longer; a larger count is a broken column
+MAX_SPAN = 366 * 86400.0  # no replayable trace spans more than a year: a larger time is a broken column
 
 
 class TraceError(ValueError):
@@ -36,12 +38,12 @@ class TraceRequest:
 
 def _tokens(value: object, what: str) -> int:
     try:
-        tokens = int(float(str(value)))
+        number = float(str(value))
     except ValueError:
         raise ValueError(f"{what} is not a number: {value!r}") from None
-    if not 0 <= tokens <= MAX_TOKENS:
-        raise ValueError(f"{what} {tokens} is not a token count (0..{MAX_TOKENS})")
-    return tokens
+    if not number.is_integer() or not 0 <= number <= MAX_TOKENS:
+        raise ValueError(f"{what} {value!r} is not a token count (a whole number, 0..{MAX_TOKENS})")
+    return int(number)
 
 
 def _azure_time(value: str) -> float:
@@ -60,7 +62,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             for number, line in enumerate(raw, 1):
                 if len(line) > MAX_LINE_BYTES:
                     raise TraceError(f"{path}:{number}: a line of {len(line)} bytes: not a trace line")
-                yield number, line.decode("utf-8", errors="replace")
+                # utf-8-sig on the first line: a spreadsheet's CSV starts with a byte-order mark.
+                yield number, line.decode("utf-8-sig" if number == 1 else "utf-8", errors="replace")
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
 
@@ -120,6 +123,8 @@ def _jsonl(line: str) -> tuple[float, object, object, str]:
 def _fields(path: Path, number: int, read) -> tuple[float, int, int, str]:
     try:
         t, prompt, output, latency_class = read()
+        if not math.isfinite(t):
+            raise ValueError(f"the time {t!r} is not a number of seconds")
         return t, _tokens(prompt, "the prompt length"), _tokens(output, "the output length"), latency_class
     except ValueError as exc:
         raise TraceError(f"{path}:{number}: {exc}") from None
@@ -135,8 +140,13 @@ def read_trace(path: Path, fmt: str) -> list[TraceRequest]:
         if first is None:
             first = t
         previous = t
+        if t - first > MAX_SPAN:
+            raise TraceError(f"{path}:{number}: {t - first:g} s after the first request: a trace spans a year at "
+                             "most (is this column in seconds?)")  # fmt: skip
+        if output == 0 and fmt == "jsonl":
+            raise TraceError(f"{path}:{number}: output_tokens 0: a request generates at least one token")
         if output == 0:
-            continue  # a failed request in the recording (BurstGPT logs them): nothing to generate
+            continue  # a failed request in a CSV recording (BurstGPT logs them): nothing to generate
         out.append(TraceRequest(t - first, max(prompt, 1), output, latency_class))
     if not out:
         raise TraceError(f"{path}: no requests to replay")
@@ -146,7 +156,7 @@ def read_trace(path: Path, fmt: str) -> list[TraceRequest]:
 def select(trace: Iterable[TraceRequest], *, start: float = 0.0, duration: float | None = None,
            rate_scale: float = 1.0) -> list[TraceRequest]:  # fmt: skip
     """The slice [start, start + duration) of the trace, from 0, with the gaps divided by ``rate_scale``."""
-    if rate_scale <= 0:
-        raise ValueError(f"the rate scale must be above 0, got {rate_scale:g}")
+    if not MIN_RATE_SCALE <= rate_scale <= MAX_RATE_SCALE:
+        raise ValueError(f"the rate scale must be in {MIN_RATE_SCALE:g}..{MAX_RATE_SCALE:g}, got {rate_scale:g}")
     end = math.inf if duration is None else start + duration
     return [replace(r, t=(r.t - start) / rate_scale) for r in trace if start <= r.t < end]
