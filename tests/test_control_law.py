@@ -13,7 +13,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from batchlens.config import Control
@@ -134,24 +134,73 @@ def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages
     assert (back.limit, back.reason) == (24, "past_peak"), "down to the peak's batch, one max_step at a time"
 
 
-windows = st.builds(
-    lambda running, waiting, kv, pace, tps: w(running=running, waiting=waiting, kv=kv, pace=pace, tps=tps),
-    st.integers(0, 300), st.integers(0, 300), st.floats(0, 1), st.one_of(st.none(), st.floats(0.001, 2.0)),
-    st.floats(0, 1e5),
-)  # fmt: skip
-peaks = st.one_of(st.none(), st.builds(Peak, st.integers(2, 64), st.floats(0, 1e5), st.floats(0, 1e6)))
+@st.composite
+def situations(draw) -> tuple[State, Window, float]:
+    """A state and a window the law can meet, drawn so that every branch is reached (test_every_branch...): the
+    hold, the last move, the peak and the ceiling are drawn around ``now``, not anywhere in a million seconds."""
+    limit, now = draw(st.integers(2, 64)), draw(st.floats(100, 1e6))
+    hold = draw(st.one_of(st.just(0.0), st.floats(now - 10, now + 10)))
+    since = now - draw(st.floats(0, 30))
+    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4), st.just(now))))
+    ceiling = draw(st.one_of(st.none(), st.integers(2, 64)))
+    state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)))
+    pace = draw(st.one_of(st.none(), st.floats(0.001, 0.3)))
+    win = w(running=draw(st.integers(0, 100)), waiting=draw(st.integers(0, 100)), kv=draw(st.floats(0, 1)),
+            pace=pace, tps=draw(st.floats(0, 1e4)))  # fmt: skip
+    return state, win, now
 
 
-@settings(max_examples=300, deadline=None)
-@given(limit=st.integers(2, 64), win=windows, now=st.floats(0, 1e6), hold=st.floats(0, 1e6), peak=peaks,
-       ceiling=st.one_of(st.none(), st.integers(2, 64)))  # fmt: skip
-def test_never_outside_the_bounds_and_never_up_while_the_slo_is_broken(limit, win, now, hold, peak, ceiling) -> None:
-    decision = decide(State(limit, hold, peak, ceiling, now + 10), win, now, SLO, TUNING)
-    assert TUNING.min_limit <= decision.limit <= TUNING.max_limit
-    assert abs(decision.limit - limit) <= max(1, limit * TUNING.max_step)
+REASONS = ("drain", "pace_over", "kv_ceiling", "idle", "app_limited", "past_peak", "slow_start", "headroom", "steady")
+
+
+@pytest.mark.parametrize("reason", REASONS)
+def test_every_branch_of_the_law_is_within_the_property_tests_reach(reason: str) -> None:
+    found = find(situations(), lambda s: decide(*s[:2], s[2], SLO, TUNING).reason == reason,
+                 settings=settings(max_examples=5000, deadline=None, database=None))  # fmt: skip
+    assert decide(*found[:2], found[2], SLO, TUNING).reason == reason
+
+
+@settings(max_examples=400, deadline=None)
+@given(situations())
+def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
+    state, win, now = situation
+    decision = decide(state, win, now, SLO, TUNING)
+    limit, new, step = state.limit, decision.limit, max(1, math.floor(state.limit * TUNING.max_step))
+    assert TUNING.min_limit <= new <= TUNING.max_limit and abs(new - limit) <= step
     pace = decode_pace(win, TUNING)
     if not math.isnan(pace) and pace > SLO.tpot_seconds:
-        assert decision.limit <= limit
+        assert new <= limit, "never up while the pace breaks the SLO"
+    match decision.reason:
+        case "drain":
+            assert decision.state == state and now < state.hold_until
+        case "pace_over":
+            assert pace > SLO.tpot_seconds and new == max(math.floor(limit * min(max(SLO.tpot_seconds / pace, 0.5),
+                                                                                   0.9)), limit - step, TUNING.min_limit)  # fmt: skip
+            assert new == limit or decision.state.hold_until == now + TUNING.drain_seconds
+        case "kv_ceiling":
+            assert win.kv_usage > TUNING.kv_target and (new < limit or limit == TUNING.min_limit)
+            assert new == max(math.floor(win.running * TUNING.kv_target / win.kv_usage), limit - step, TUNING.min_limit)
+        case "past_peak":
+            peak = decision.state.peak
+            assert new == max(math.ceil(peak.batch), limit - step) and new <= limit
+            assert decision.state.ceiling is not None and decision.state.ceiling_until == now + TUNING.peak_seconds
+        case "idle" | "app_limited":
+            assert new == limit and win.waiting == 0 and win.running < limit / 2
+        case "slow_start":
+            assert limit < new <= min(2 * limit, limit + step) or new == limit == TUNING.max_limit
+        case "headroom":
+            capped = decision.state.ceiling is not None and now < decision.state.ceiling_until
+            assert (
+                limit < new <= limit + math.ceil(math.sqrt(limit))
+                or new == limit == TUNING.max_limit
+                or (capped and new == limit >= decision.state.ceiling - 1)
+            )
+            if capped and new > limit:
+                assert new < decision.state.ceiling, "never back up to the limit that fell"
+        case "steady":
+            assert new == limit
+        case other:
+            pytest.fail(f"a reason the law does not document: {other}")
 
 
 def plant(limit: int, demand: float) -> Window:

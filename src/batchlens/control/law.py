@@ -156,8 +156,8 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         capped = state.ceiling is not None and now < state.ceiling_until
         far = state.ceiling is None and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2)
         target = 2 * limit if far else limit + math.ceil(math.sqrt(limit))
-        if capped:
-            target = min(target, state.ceiling - 1)
+        if capped:  # up to just under the ceiling, and never down: headroom is no reason to cut
+            target = max(limit, min(target, state.ceiling - 1))
         return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning, now)
     return Decision(state, "steady")
 
