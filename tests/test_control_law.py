@@ -174,8 +174,8 @@ def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
         case "drain":
             assert decision.state == state and now < state.hold_until
         case "pace_over":
-            assert pace > SLO.tpot_seconds and new == max(math.floor(limit * min(max(SLO.tpot_seconds / pace, 0.5),
-                                                                                   0.9)), limit - step, TUNING.min_limit)  # fmt: skip
+            cut = min(max(SLO.tpot_seconds / pace, 0.5), 0.9)
+            assert pace > SLO.tpot_seconds and new == max(math.floor(limit * cut), limit - step, TUNING.min_limit)
             assert new == limit or decision.state.hold_until == now + TUNING.drain_seconds
         case "kv_ceiling":
             assert win.kv_usage > TUNING.kv_target and (new < limit or limit == TUNING.min_limit)

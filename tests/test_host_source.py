@@ -9,7 +9,14 @@ import psutil
 import pytest
 
 from batchlens.config import Engine
-from batchlens.exporter.host_source import HostSource, kernel_settings, selected_mode
+from batchlens.exporter.host_source import (
+    NUMA_BALANCING,
+    THP_ENABLED,
+    ZONE_RECLAIM,
+    HostSource,
+    kernel_settings,
+    selected_mode,
+)
 from batchlens.exporter.processes import ServerPids, listening_pid, process_tree
 from harness.procs import free_port, start_server_with_child
 
@@ -27,11 +34,19 @@ def test_selected_mode(text: str, mode: str) -> None:
     assert selected_mode(text) == mode
 
 
-def test_kernel_settings_read_this_host() -> None:
-    settings = kernel_settings()
-    assert set(settings) == {"transparent_hugepage", "numa_balancing", "zone_reclaim_mode"}
-    assert settings["transparent_hugepage"] in ("always", "madvise", "never", "unavailable")
-    assert settings["zone_reclaim_mode"] == Path("/proc/sys/vm/zone_reclaim_mode").read_text().strip()
+def test_kernel_settings_read_each_file_and_say_when_one_is_missing(tmp_path) -> None:
+    host = tmp_path / "host"
+    for path, text in ((THP_ENABLED, "always [madvise] never\n"), (NUMA_BALANCING, "1\n"), (ZONE_RECLAIM, "0\n")):
+        (host / path).parent.mkdir(parents=True, exist_ok=True)
+        (host / path).write_text(text)
+    assert kernel_settings(host) == {"transparent_hugepage": "madvise", "numa_balancing": "1", "zone_reclaim_mode": "0"}
+    (host / NUMA_BALANCING).unlink()  # a kernel built without NUMA balancing has no such file
+    assert kernel_settings(host)["numa_balancing"] == "unavailable"
+    assert kernel_settings(tmp_path / "nothing") == dict.fromkeys(
+        ("transparent_hugepage", "numa_balancing", "zone_reclaim_mode"), "unavailable"
+    )
+    # And on this host, what its own files say.
+    assert kernel_settings()["zone_reclaim_mode"] == Path("/proc/sys/vm/zone_reclaim_mode").read_text().strip()
 
 
 def test_the_engine_process_is_found_by_its_port_with_its_children(server_with_child) -> None:

@@ -7,6 +7,7 @@ that answers 401 or hangs. A real vLLM is in test_remediate_vllm.py.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -72,6 +73,16 @@ def limit_of(sim: SimulatorProcess) -> int:
     return AdminClient(sim.url, sim.token).state().max_num_active_seqs
 
 
+def decided(hook: RemediateProcess, outcome: str | None = None) -> float:
+    """Deliveries the hook has decided (of one outcome): what a wait watches instead of the clock."""
+    labels = {"outcome": outcome} if outcome else {}
+    return sum(pick(hook.samples(), "batchlens_remediation_deliveries_total", **labels).values())
+
+
+def wait_decided(hook: RemediateProcess, n: int, outcome: str | None = None) -> None:
+    eventually(lambda: decided(hook, outcome) >= n, f"{n} deliveries decided ({outcome or 'any'})")
+
+
 def wait_limit(sim: SimulatorProcess, value: int, timeout: float = 15) -> None:
     eventually(lambda: limit_of(sim) == value, f"the limit becoming {value} (it is {limit_of(sim)})", timeout)
 
@@ -83,7 +94,7 @@ def test_a_firing_alert_halves_once_and_deliveries_inside_the_cooldown_only_coun
     wait_limit(sim, 16)
     for _ in range(3):  # a retry, an HA twin, a repeat: all inside the 30 s cooldown
         assert hook.post(notification(alert("sim")))[0] == 200
-    time.sleep(1.5)
+    wait_decided(hook, 3, "cooldown")
     assert limit_of(sim) == 16
     assert hook.health()["engines"]["sim"] | {"strikes": 1, "mode": "tripped"} == hook.health()["engines"]["sim"]
     samples = hook.samples()
@@ -180,7 +191,7 @@ def test_an_out_of_order_firing_after_its_resolution_never_acts(sim, start_hook)
     hook.post(notification(alert("sim", "resolved", starts_at=T0)))
     hook.post(notification(alert("sim", "firing", starts_at=T0)))  # delivered late
     hook.post(notification(alert("sim", "firing", starts_at=T0 - 60)))  # older still
-    time.sleep(2)
+    wait_decided(hook, 2, "stale")
     assert limit_of(sim) == CAPACITY
     assert pick(hook.samples(), "batchlens_remediation_deliveries_total", outcome="stale")
 
@@ -189,13 +200,14 @@ def test_after_kill_9_no_strike_is_lost_and_nothing_is_halved_twice(sim, start_h
     hook = start_hook(hook_config(("sim", sim.url), cooldown_seconds=4))
     hook.post(notification(alert("sim")))
     wait_limit(sim, 16)
+    halved = time.monotonic()
     hook.kill9()
     hook.start()
     assert hook.health()["engines"]["sim"]["strikes"] == 1
     hook.post(notification(alert("sim")))  # a replay inside the cooldown, after the restart
-    time.sleep(1.5)
+    wait_decided(hook, 1, "cooldown")
     assert limit_of(sim) == 16
-    time.sleep(3)
+    time.sleep(max(0.0, halved + 4.2 - time.monotonic()))  # the 4 s cooldown passes
     hook.post(notification(alert("sim")))  # past the cooldown: strike 2 continues the episode
     wait_limit(sim, 8)
     assert hook.health()["engines"]["sim"]["strikes"] == 2
@@ -208,14 +220,15 @@ def test_a_delivery_accepted_before_kill_9_is_decided_once_after_the_restart(tmp
     sim = None
     try:
         assert hook.post(notification(alert("sim")))[0] == 200
-        time.sleep(1)
-        assert hook.health()["engines"]["sim"]["strikes"] == 0
+        eventually(lambda: pick(hook.samples(), "batchlens_remediation_actions_total", action="observe",
+                                result="unreachable"), "the engine found unreachable")  # fmt: skip
+        assert hook.health()["engines"]["sim"]["strikes"] == 0 and decided(hook) == 0  # it waits, undecided
         hook.kill9()
         sim = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)), port=port)
         hook.start()
         wait_limit(sim, 16)
-        time.sleep(2)
-        assert limit_of(sim) == 16 and hook.health()["engines"]["sim"]["strikes"] == 1
+        wait_decided(hook, 1, "halve")
+        assert limit_of(sim) == 16 and hook.health()["engines"]["sim"]["strikes"] == 1 and decided(hook) == 1
         assert [a["action"] for a in hook.actions() if a["action"] != "set_limit"] == ["halve"]
     finally:
         hook.stop()
@@ -229,9 +242,11 @@ def test_an_admin_api_that_answers_401_is_recorded_and_retried_with_backoff(tmp_
     hook = RemediateProcess(tmp_path, hook_config(("e", url)), env={"BATCHLENS_ADMIN_TOKEN": "a-wrong-token"})
     try:
         hook.post(notification(alert("e")))
-        time.sleep(6)
-        tries = len(upstreams.engines["engine"].admin_auth_seen)
-        assert 2 <= tries <= 5, f"backoff 1, 2, 4 s: 3 or 4 tries in 6 s, not {tries}"
+        calls = upstreams.engines["engine"].admin_calls_at
+        eventually(lambda: len(calls) >= 4, "four tries")
+        gaps = [b - a for a, b in itertools.pairwise(calls[1:4])]  # the delivery's tries (the first: the startup read)
+        # The backoff doubles (1, 2, 4 s): each wait longer than the one before, none a fixed retry.
+        assert gaps[0] > 0.8 and gaps[1] > 1.6 * gaps[0], gaps
         assert pick(hook.samples(), "batchlens_remediation_actions_total", action="observe", result="http_401")
         assert hook.health()["engines"]["e"]["strikes"] == 0  # nothing decided on a blind guess
         assert "a-wrong-token" not in hook.process.log_path.read_text()  # the token is never logged
@@ -285,7 +300,7 @@ def test_kv_pressure_resets_the_prefix_cache_once_per_cooldown_when_enabled(tmp_
         assert hook.post(notification(kv))[1]["accepted"] == 1
         eventually(lambda: upstreams.engines["engine"].prefix_cache_resets == 1, "one POST /reset_prefix_cache")
         hook.post(notification(kv))  # inside the cooldown
-        time.sleep(1.5)
+        wait_decided(hook, 1, "cooldown")
         assert upstreams.engines["engine"].prefix_cache_resets == 1
         assert upstreams.engines["engine"].admin["max_num_active_seqs"] == 32  # KV pressure never halves
         assert pick(hook.samples(), "batchlens_remediation_actions_total", action="reset_prefix_cache", result="ok")
@@ -321,7 +336,7 @@ def test_cold_start_pages_on_call_once_through_a_real_alertmanager(tmp_path, sim
         assert {r["name"] for r in pages[0]["receivers"]} == {"page"}
         time.sleep(1.1)
         hook.post(notification(alert("sim")))  # still breaching, past the cooldown: cold start holds
-        time.sleep(1.5)
+        wait_decided(hook, 2)
         sent = pick(hook.samples(), "batchlens_remediation_pages_total", reason="cold_start", result="sent")
         assert list(sent.values()) == [1.0], sent
     finally:

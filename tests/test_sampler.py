@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 import weakref
 
 import pytest
@@ -72,19 +73,30 @@ def test_a_bug_in_a_source_is_logged_once_and_the_loop_survives(caplog) -> None:
     assert len([r for r in caplog.records if r.exc_info]) == 1
 
 
-def test_run_keeps_its_schedule() -> None:
-    src = Scripted(*([Reading()] * 50))
-    store = SnapshotStore()
+def test_run_keeps_its_schedule_and_never_bursts_after_an_overrun() -> None:
+    """Ticks every interval from the start (not every interval after a sample), and a sample that overruns its
+    slot is followed by the next at once, then on schedule again: never two to catch up."""
+    interval, starts = 0.1, []
+
+    class Timed(Scripted):
+        async def sample(self) -> Reading:
+            starts.append(time.monotonic())
+            await asyncio.sleep(0.05 if len(starts) != 3 else 0.25)  # the third overruns two slots
+            return Reading()
 
     async def go():
-        task = asyncio.create_task(Sampler(src, store, interval=0.05, deadline=1).run())
-        await asyncio.sleep(0.32)
+        task = asyncio.create_task(Sampler(Timed(), SnapshotStore(), interval=interval, deadline=1).run())
+        await asyncio.sleep(0.95)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(go())
-    assert 2 <= 50 - len(src.steps) <= 8  # ticks at 0, 0.05, ... 0.30; never a burst
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # 0, 0.1, 0.2 (overruns to 0.45), 0.45 at once, then 0.55, 0.65, ... 0.85: nine starts in 0.95 s.
+    assert len(starts) in (8, 9, 10), gaps
+    assert all(interval * 0.7 < g < interval * 1.3 for g in gaps[:2] + gaps[3:]), gaps
+    assert gaps[2] == pytest.approx(0.25, abs=0.05), "after the overrun, the next sample starts at once"
 
 
 def test_a_failed_sample_frees_what_it_held_without_waiting_for_the_gc() -> None:

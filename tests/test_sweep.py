@@ -17,9 +17,6 @@ import time
 
 import pytest
 
-from batchlens.load.plan import percentile
-from batchlens.simulator.engine import Engine, SimRequest
-from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 from batchlens.sweep.knee import Point, find_knee, gain_per_doubling
 from batchlens.sweep.output import table, write_csv, write_png
 from batchlens.sweep.run import StepResult
@@ -85,32 +82,11 @@ def test_outputs_table_csv_and_png(tmp_path):
 
 PROMPT, OUTPUT, SPEED, SLO = 512, 128, 5, 0.5
 LIMITS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def model_point(limit: int, warmup: float = 20.0, window: float = 60.0) -> Point:
-    """The engine model with ``limit`` closed-loop clients, in simulated seconds: throughput and P99 TTFT."""
-    engine = Engine(GPUS[DEFAULT_GPU], MODELS[DEFAULT_MODEL], max_num_seqs=64)
-    engine.set_limit(limit)
-    clock, count = 0.0, 0
-
-    def new(at: float) -> None:
-        nonlocal count
-        count += 1
-        engine.add(SimRequest(str(count), PROMPT, OUTPUT, at))
-
-    for _ in range(limit):
-        new(0.0)
-    generated, ttfts = 0, []
-    while clock < warmup + window:
-        step = engine.step(clock)
-        clock += step.duration
-        if clock > warmup:
-            generated += len(step.produced)
-        for r in step.finished:
-            if r.arrival >= warmup:
-                ttfts.append(r.first_token_at - r.arrival)
-            new(clock)
-    return Point(limit, generated / window, percentile(ttfts, 99))
+#: The knee of the default profile (A100 80 GB, dense-7b) with 512-token prompts and 128-token answers, written
+#: down once from the engine model's closed-loop curve (tokens/s 83, 159, 295, 495, 678, 687, 512 at these
+#: limits): each doubling pays x1.37 or more up to 16, and 16 -> 32 gains x1.01, under the sweep's x1.15. A
+#: change of the profile or of the knee rule must change this number on purpose.
+KNEE = 16
 
 
 def watched_simulator(tmp_path, *, capacity: int, limit: int) -> tuple[SimulatorProcess, ExporterProcess, AdminClient]:
@@ -124,9 +100,7 @@ def watched_simulator(tmp_path, *, capacity: int, limit: int) -> tuple[Simulator
     return sim, exporter, admin
 
 
-def test_the_sweep_finds_the_simulators_knee_within_one_step(tmp_path):
-    model = [model_point(limit) for limit in LIMITS]
-    expected = find_knee(model, slo=SLO)
+def test_the_sweep_finds_the_simulators_knee(tmp_path):
     sim, exporter, admin = watched_simulator(tmp_path, capacity=64, limit=48)
     try:
         done = subprocess.run(
@@ -142,10 +116,9 @@ def test_the_sweep_finds_the_simulators_knee_within_one_step(tmp_path):
         exporter.stop()
         sim.stop()
     print(done.stdout)
-    print("model:", {p.limit: (round(p.throughput), round(p.p99, 3)) for p in model}, "knee", expected.limit)
     rows = list(csv.DictReader((tmp_path / "out/sweep.csv").open()))
     found = next(int(r["limit"]) for r in rows if r["knee"] == "1")
-    assert abs(math.log2(found) - math.log2(expected.limit)) <= 1, (found, expected)
+    assert found == KNEE, (found, [(r["limit"], r["throughput"]) for r in rows])
     assert f"knee: batch limit {found}" in done.stdout and "sweeping 7 limits" in done.stderr  # the progress bar
     throughput = [float(r["throughput"]) for r in rows]
     assert throughput[3] > 4 * throughput[0], "batching must pay at small limits"

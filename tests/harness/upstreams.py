@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -32,6 +33,7 @@ class Upstream:
     admin_token: str | None = None
     hits: int = 0
     admin_auth_seen: list[str] = field(default_factory=list)
+    admin_calls_at: list[float] = field(default_factory=list)  # time.monotonic() of each admin API call
     prefix_cache_resets: int = 0
 
 
@@ -121,6 +123,7 @@ class Upstreams:
             raise web.HTTPNotFound()
         auth = request.headers.get("Authorization", "")
         up.admin_auth_seen.append(auth)
+        up.admin_calls_at.append(time.monotonic())
         if up.behavior == "hang":
             await asyncio.sleep(3600)
         if auth != f"Bearer {up.admin_token}":

@@ -21,9 +21,9 @@ from batchlens.exporter import families as fam
 from batchlens.exporter.processes import ProcessTree, ServerPids, process_tree
 from batchlens.exporter.snapshot import Reading
 
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-NUMA_BALANCING = Path("/proc/sys/kernel/numa_balancing")
-ZONE_RECLAIM = Path("/proc/sys/vm/zone_reclaim_mode")
+THP_ENABLED = "sys/kernel/mm/transparent_hugepage/enabled"
+NUMA_BALANCING = "proc/sys/kernel/numa_balancing"
+ZONE_RECLAIM = "proc/sys/vm/zone_reclaim_mode"
 UNAVAILABLE = "unavailable"
 
 
@@ -42,13 +42,13 @@ def read_setting(path: Path) -> str:
         return UNAVAILABLE
 
 
-def kernel_settings() -> dict[str, str]:
-    """The host settings the article's checklist asks about (see DESIGN.md, Corrections)."""
-    thp = read_setting(THP_ENABLED)
+def kernel_settings(root: Path = Path("/")) -> dict[str, str]:
+    """The host settings the article's checklist asks about (see DESIGN.md, Corrections), under ``root``."""
+    thp = read_setting(root / THP_ENABLED)
     return {
         "transparent_hugepage": selected_mode(thp) if thp != UNAVAILABLE else UNAVAILABLE,
-        "numa_balancing": read_setting(NUMA_BALANCING),
-        "zone_reclaim_mode": read_setting(ZONE_RECLAIM),
+        "numa_balancing": read_setting(root / NUMA_BALANCING),
+        "zone_reclaim_mode": read_setting(root / ZONE_RECLAIM),
     }
 
 

@@ -196,8 +196,9 @@ class Remediator:
     async def _decide(self, delivery: Delivery) -> bool:
         name, state = delivery.vllm_instance, self.states[delivery.vllm_instance]
         if delivery.alertname == KV_ALERT:
-            await self._reset_prefix_cache(delivery)
-            self.store.save(name, state, self.clock(), done=delivery, outcome="reset_prefix_cache")
+            outcome = await self._reset_prefix_cache(delivery)
+            self.store.save(name, state, self.clock(), done=delivery, outcome=outcome)
+            self.deliveries[outcome] += 1
             return True
         if delivery.status == "resolved":
             decision = on_resolved(state, starts_at=delivery.starts_at, now=delivery.received_at)
@@ -338,11 +339,14 @@ class Remediator:
             endsAt=now if page.resolve else None,
         )
 
-    async def _reset_prefix_cache(self, delivery: Delivery) -> None:
+    async def _reset_prefix_cache(self, delivery: Delivery) -> str:
+        """POST /reset_prefix_cache for a firing KV alert outside the cooldown; what became of the delivery."""
         name = delivery.vllm_instance
         last = self._kv_reset_at.get(name)
-        if delivery.status != "firing" or (last is not None and self.clock() - last < self.settings.cooldown_seconds):
-            return
+        if delivery.status != "firing":
+            return "resolved"
+        if last is not None and self.clock() - last < self.settings.cooldown_seconds:
+            return "cooldown"
         self._kv_reset_at[name] = self.clock()
         url = self.engines[name].url + "/reset_prefix_cache"
         try:
@@ -352,3 +356,4 @@ class Remediator:
             result = exc.__class__.__name__
         self.actions[(name, "reset_prefix_cache", result)] += 1
         log.warning("%s: POST /reset_prefix_cache: %s", name, result)
+        return "reset_prefix_cache"
