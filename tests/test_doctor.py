@@ -288,13 +288,22 @@ def test_doctor_on_this_machine():
         "gpu.driver", "gpu.topology", "gpu.pcie_link", "gpu.memory_bandwidth", "host.transparent_hugepage",
         "host.numa_balancing", "host.zone_reclaim_mode", "host.cpu_affinity",
     }  # fmt: skip
-    for check, status in expected_host_statuses().items():
+    expected = expected_host_statuses()
+    for check, status in expected.items():
         assert outcomes[check]["status"] == status, outcomes[check]
-    # No NVIDIA driver here: the GPU checks skip and say why.
-    for check in ("gpu.driver", "gpu.topology", "gpu.pcie_link", "gpu.memory_bandwidth"):
-        assert outcomes[check]["status"] == SKIP and "NVML" in outcomes[check]["found"]
-    statuses = {o["status"] for o in outcomes.values()}
-    assert done.returncode == (1 if FAIL in statuses else 3 if WARN in statuses else 0), done.stderr
+    gpu_checks = ("gpu.driver", "gpu.topology", "gpu.pcie_link", "gpu.memory_bandwidth")
+    if Path("/proc/driver/nvidia/version").exists():  # a GPU host (a lent device machine): the checks ran
+        assert outcomes["gpu.driver"]["status"] in (PASS, WARN), outcomes["gpu.driver"]
+        assert all(outcomes[c]["status"] != SKIP or "NVML" not in outcomes[c]["found"] for c in gpu_checks)
+    else:  # no NVIDIA driver: the GPU checks skip and say why, and decide nothing
+        for check in gpu_checks:
+            assert outcomes[check]["status"] == SKIP and "NVML" in outcomes[check]["found"]
+            expected[check] = SKIP
+        expected["host.cpu_affinity"] = SKIP  # no GPU, so no NUMA node to hold vLLM's CPUs to
+        assert outcomes["host.cpu_affinity"]["status"] == SKIP, outcomes["host.cpu_affinity"]
+        # The exit code from what this machine is, judged above by hand: not from what the command printed.
+        statuses = set(expected.values())
+        assert done.returncode == (1 if FAIL in statuses else 3 if WARN in statuses else 0), done.stderr
 
 
 def test_doctor_text_output_explains_warnings(tmp_path):

@@ -348,7 +348,24 @@ def test_build_writes_the_router_configs_and_check_keeps_them_fresh(tmp_path) ->
     built = run_cli("build", "--config", str(config), "--root", str(root))
     assert built.exit_code == 0, built.output
     proxy = yaml.safe_load((root / "routing" / "litellm-config.yaml").read_text())
-    assert proxy == litellm_config(load_config(config, environ={}))
+    # What LiteLLM must be told for this config, stated by hand: one deployment per engine under the model's
+    # name with its tags and context window, the same engines again as the fallback group, tag routing on.
+    deployed = [(d["model_name"], d["litellm_params"]["api_base"], d["litellm_params"]["tags"],
+                 d["model_info"].get("max_input_tokens")) for d in proxy["model_list"]]  # fmt: skip
+    assert deployed == [
+        ("m", "http://10.0.0.1:8000/v1", ["batchlens-engine:main", "batchlens-role:main"], None),
+        ("m", "http://10.0.0.2:8000/v1", ["batchlens-engine:fast", "batchlens-role:interactive",
+                                          "batchlens-role:cold"], None),
+        ("m", "http://10.0.0.3:8000/v1", ["batchlens-engine:long", "batchlens-role:long"], 32768),
+        ("m-fallback", "http://10.0.0.1:8000/v1", ["default"], None),
+        ("m-fallback", "http://10.0.0.2:8000/v1", ["default"], None),
+        ("m-fallback", "http://10.0.0.3:8000/v1", ["default"], 32768),
+    ]  # fmt: skip
+    assert all(d["litellm_params"]["model"] == "hosted_vllm/m" for d in proxy["model_list"])
+    assert proxy["router_settings"]["enable_tag_filtering"] is True
+    assert proxy["router_settings"]["fallbacks"] == [{"m": ["m-fallback"]}]
+    assert proxy["litellm_settings"]["callbacks"] == ["prometheus", "batchlens.routing.litellm_proxy.routing"]
+    assert proxy["general_settings"] == {"master_key": "os.environ/LITELLM_MASTER_KEY"}  # metrics_auth: true
     epp_text = (root / "routing" / "llm-d-epp.yaml").read_text()
     assert '#   long: llm-d.ai/context-length-range: "2049-32768"' in epp_text
     assert '#   fast: llm-d.ai/context-length-range: "0-2048"' in epp_text
