@@ -11,7 +11,7 @@ export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 # start a real vLLM share one worker (tests/conftest.py), so one vLLM runs at a time.
 TEST_WORKERS ?= 3
 
-.PHONY: help test test-blocked test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds grafana-schema bench build demo clean
+.PHONY: help test test-blocked test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds grafana-schema bench mutants build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -68,6 +68,12 @@ demo: $(BIN)/batchlens  ## the whole stack natively, set up on a fresh machine (
 
 build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboards/, provisioning/ addresses) from the code
 	$(BIN)/batchlens build
+
+mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut] in pyproject.toml): killed, survived, timeout
+	$(BIN)/pip install --quiet 'mutmut==3.8.1'
+	rm -rf mutants
+	$(BIN)/mutmut run || true
+	$(BIN)/mutmut results --all true | awk '{print $$NF}' | sort | uniq -c
 
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
