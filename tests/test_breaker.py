@@ -1,7 +1,8 @@
 """The breaker state machine, table-driven with time travel. Pure: no clock, no servers.
 
 Each table is one engine's story: a list of steps (time, event, expected action, expected state),
-run in order, each step's state feeding the next.
+run in order, each step's state feeding the next. ``says`` is a phrase the decision's reason must hold: the
+reason is what the hook logs and what the page to on-call reads.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from batchlens.remediation.breaker import EngineState, Observation, on_firing, o
 
 SETTINGS = Breaker(strikes=3, cooldown_seconds=60, cold_start_limit=1, recovery_interval_seconds=300)
 EPISODE = 1000.0  # startsAt of the alert in the stories below
+SKIPPED = ("cooldown", "stale", "cold_start_hold", "recorded")  # the labels of batchlens_remediation_actions_total
 
 
 def fire(limit: int, *, starts_at: float = EPISODE, capacity: int = 64, running: int | None = None, waiting: int = 0):
@@ -35,6 +37,12 @@ def run(story, state: EngineState | None = None):
     for i, (now, event, action, expect) in enumerate(story):
         decision = event(state, now)
         assert decision.action == action, f"step {i} at t={now}: {decision.action} ({decision.reason})"
+        assert isinstance(decision.reason, str), f"step {i}: no reason"
+        # a decision that does not act says why, as the metric label the hook counts it under
+        assert (decision.skipped in SKIPPED) == (action == "none"), f"step {i}: skipped={decision.skipped!r}"
+        expect = dict(expect)
+        says = expect.pop("says", "")
+        assert says in decision.reason, f"step {i} at t={now}: {decision.reason!r} does not say {says!r}"
         for field, value in expect.items():
             got = getattr(decision, field) if hasattr(decision, field) and field != "state" else None
             got = getattr(decision.state, field) if got is None and hasattr(decision.state, field) else got
@@ -45,21 +53,28 @@ def run(story, state: EngineState | None = None):
 
 def test_three_strikes_then_cold_start_then_additive_recovery_to_the_original_limit() -> None:
     final = run([
-        (1100, fire(32), "halve", {"set_limit": 16, "strikes": 1, "mode": "tripped", "original_limit": 32}),
-        (1130, fire(16), "none", {"strikes": 1}),                     # a repeat inside the cooldown: recorded
-        (1159, fire(16), "none", {"strikes": 1}),                     # still inside (59 s after the action)
+        (1100, fire(32), "halve", {"set_limit": 16, "strikes": 1, "mode": "tripped", "original_limit": 32,
+                                   "says": "strike 1 of 3: 32 -> 16"}),
+        (1130, fire(16), "none", {"strikes": 1, "skipped": "cooldown",  # a repeat inside the cooldown: recorded
+                                  "says": "inside the cooldown (30 s left)"}),
+        (1159, fire(16), "none", {"strikes": 1, "says": "(1 s left)"}),  # still inside (59 s after the action)
         (1160, fire(16), "halve", {"set_limit": 8, "strikes": 2}),    # outside: another strike
-        (1220, fire(8), "cold_start", {"set_limit": 1, "strikes": 3, "mode": "cold_start", "page": "cold_start"}),
-        (1400, fire(1), "none", {"mode": "cold_start", "page": None}),  # cold start holds; no second page
-        (1500, resolve(), "resolved", {"mode": "recovering", "target_limit": 1}),
-        (1799, tick, "none", {"target_limit": 1}),                    # not yet stable for 300 s
-        (1800, tick, "raise", {"set_limit": 4}),                      # + max(1, 10% of 32) = 3
+        (1220, fire(8), "cold_start", {"set_limit": 1, "strikes": 3, "mode": "cold_start", "page": "cold_start",
+                                       "says": "strike 3 of 3: cold start at 1"}),
+        (1400, fire(1), "none", {"mode": "cold_start", "page": None,  # cold start holds; no second page
+                                 "skipped": "cold_start_hold", "says": "already in cold-start mode"}),
+        (1500, resolve(), "resolved", {"mode": "recovering", "target_limit": 1, "recovering_since": 1500,
+                                       "says": "recovery begins"}),
+        (1799, tick, "none", {"target_limit": 1, "reason": ""}),      # not yet stable for 300 s: nothing to log
+        (1800, tick, "raise", {"set_limit": 4, "recovering_since": 1800, "says": "recovery: -> 4"}),  # + 3
         (2100, tick, "raise", {"set_limit": 7}),
         *[(2100 + 300 * k, tick, "raise", {"set_limit": 7 + 3 * k}) for k in range(1, 9)],  # 10, 13, ..., 31
-        (4800, tick, "recovered", {"set_limit": 32, "mode": "closed", "strikes": 0, "resolved_pages": ("cold_start",)}),
-        (5100, tick, "none", {"mode": "closed"}),
+        (4800, tick, "recovered", {"set_limit": 32, "mode": "closed", "strikes": 0, "resolved_pages": ("cold_start",),
+                                   "says": "back to 32: breaker closed"}),
+        (5100, tick, "none", {"mode": "closed", "reason": ""}),
     ])  # fmt: skip
-    assert final.original_limit is None and final.paged == ()
+    # closing forgets the episode, and keeps what the engine is and what it was last told
+    assert final == EngineState(capacity=64, resolved_through=EPISODE, target_limit=32)
 
 
 def test_a_trigger_during_recovery_halves_again_and_keeps_counting_strikes() -> None:
@@ -67,17 +82,46 @@ def test_a_trigger_during_recovery_halves_again_and_keeps_counting_strikes() -> 
         (10, fire(40, starts_at=0), "halve", {"set_limit": 20, "strikes": 1}),
         (20, resolve(starts_at=0), "resolved", {"mode": "recovering"}),
         (320, tick, "raise", {"set_limit": 24}),                      # + 10% of 40
-        (400, fire(24, starts_at=350), "halve", {"set_limit": 12, "strikes": 2, "original_limit": 40}),
-        (500, fire(12, starts_at=350), "cold_start", {"strikes": 3, "set_limit": 1}),
+        (400, fire(24, starts_at=350), "halve", {"set_limit": 12, "strikes": 2, "original_limit": 40,
+                                                 "recovering_since": None}),
+        (500, fire(12, starts_at=350), "cold_start", {"strikes": 3, "set_limit": 1, "page": "cold_start"}),
+        (600, resolve(starts_at=350), "resolved", {"mode": "recovering"}),
+        (700, fire(1, starts_at=650), "cold_start", {"strikes": 4, "page": None, "paged": ("cold_start",)}),  # once
     ])  # fmt: skip
+
+
+def test_recovery_steps_by_one_below_ten_and_never_passes_the_capacity_the_engine_has_now() -> None:
+    run([
+        (10, fire(8), "halve", {"set_limit": 4}),
+        (20, resolve(), "resolved", {}),
+        (320, tick, "raise", {"set_limit": 5}),                       # 10% of 8 rounds down to 0: the step is 1
+    ])  # fmt: skip
+    # the engine restarted with a smaller max_num_seqs during the episode: recovery stops there, not at 32
+    run([
+        (10, fire(32), "halve", {"set_limit": 16}),
+        (80, fire(16, capacity=16), "halve", {"set_limit": 8, "capacity": 16}),
+        (90, resolve(), "resolved", {}),
+        (390, tick, "raise", {"set_limit": 11}),
+        (690, tick, "raise", {"set_limit": 14}),
+        (990, tick, "recovered", {"set_limit": 16, "capacity": 16}),
+    ])  # fmt: skip
+
+
+def test_a_tick_outside_recovery_never_acts_whatever_else_the_state_holds() -> None:
+    for state in (EngineState(mode="tripped", recovering_since=0.0, target_limit=4, original_limit=8),
+                  EngineState(mode="closed", recovering_since=0.0, target_limit=4, original_limit=8)):  # fmt: skip
+        decision = on_tick(state, now=10_000, settings=SETTINGS)
+        assert decision.action == "none" and decision.state == state
 
 
 def test_an_out_of_order_firing_of_a_resolved_episode_never_acts() -> None:
     run([
         (1100, fire(32), "halve", {"strikes": 1}),
         (1200, resolve(), "resolved", {"resolved_through": EPISODE}),
-        (1300, fire(16), "none", {"strikes": 1, "mode": "recovering"}),  # delayed delivery of the same episode
+        (1300, fire(16), "none", {"strikes": 1, "mode": "recovering",  # delayed delivery of the same episode
+                                  "skipped": "stale", "says": "out-of-order delivery"}),
         (1301, fire(16, starts_at=EPISODE - 50), "none", {"strikes": 1}),  # an even older one
+        (1301, resolve(starts_at=EPISODE - 50), "none", {"resolved_through": EPISODE}),  # the newest resolution stays
         (1302, fire(16, starts_at=1250), "halve", {"strikes": 2}),      # a new episode does act
     ])  # fmt: skip
 
@@ -85,17 +129,24 @@ def test_an_out_of_order_firing_of_a_resolved_episode_never_acts() -> None:
 def test_an_out_of_order_resolution_of_an_older_episode_is_only_recorded() -> None:
     run([
         (1100, fire(32, starts_at=1050), "halve", {"mode": "tripped"}),
-        (1110, resolve(starts_at=900), "none", {"mode": "tripped", "resolved_through": 900}),
+        (1110, resolve(starts_at=900), "none", {"mode": "tripped", "resolved_through": 900, "skipped": "recorded",
+                                                "says": "out-of-order resolution of an older episode"}),
     ])  # fmt: skip
 
 
 def test_overload_holds_the_limit_counts_no_strike_and_pages_capacity_once() -> None:
     run([
-        (0, fire(8, waiting=32), "hold_overload", {"set_limit": None, "strikes": 0, "page": "capacity"}),
+        (0, fire(8, waiting=32), "hold_overload", {"set_limit": None, "strikes": 0, "page": "capacity",
+                                                   "says": "32 requests wait behind a batch of 8: demand exceeds"}),
         (30, fire(8, waiting=40), "none", {}),                        # the cooldown applies to holds too
-        (61, fire(8, waiting=40), "hold_overload", {"page": None, "strikes": 0}),
+        (61, fire(8, waiting=40), "hold_overload", {"page": None, "strikes": 0, "paged": ("capacity",),
+                                                    "says": "Holding the limit; escalating to on-call"}),
         (122, fire(8, waiting=31), "halve", {"set_limit": 4, "strikes": 1}),  # the queue is under 4 batches
     ])  # fmt: skip
+
+
+def test_a_batch_of_one_behind_four_waiting_is_overload_not_a_strike() -> None:
+    run([(0, fire(1, waiting=4), "hold_overload", {"strikes": 0})])
 
 
 @pytest.mark.parametrize(
@@ -122,8 +173,10 @@ def test_cold_start_and_recovery_stay_within_the_capacity() -> None:
 def test_a_resolution_while_closed_changes_nothing() -> None:
     decision = on_resolved(EngineState(), starts_at=5, now=10)
     assert decision.action == "none" and decision.state.mode == "closed" and decision.state.resolved_through == 5
+    assert decision.reason == "resolved while closed: recorded" and decision.skipped == "recorded"
 
 
 def test_the_state_survives_a_json_round_trip() -> None:
     state = run([(0, fire(32, waiting=200), "hold_overload", {}), (100, fire(32), "halve", {})])
     assert EngineState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    assert EngineState.from_dict({"mode": "closed"}) == EngineState()  # a state file from before pages were kept

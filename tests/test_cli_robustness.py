@@ -42,7 +42,7 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
         (
             "corrupt state file",
             ["--config", "{engines}", "--state", "{text}", "--listen", "127.0.0.1:{free}"],
-            "not a batchlens state file",
+            "not a batchlens state database",
         ),
         ("no engines", ["--config", "{empty}"], "no engines configured"),
         (

@@ -86,6 +86,9 @@ OLD_PEAK = Peak(32, 1000.0, 0.0)  # the same, seen 100 s ago: a peak is not forg
         (State(32), w(running=0), 100, 32, "idle"),
         # a queue behind a full batch with room in the pace: + sqrt(limit)
         (State(16), w(running=16, waiting=5, pace=0.05), 100, 20, "headroom"),
+        # a queue behind a batch under 90% of the limit: the limit is not what binds; at 90% it is
+        (State(32), w(running=20, waiting=5, pace=0.05), 100, 32, "steady"),
+        (State(20), w(running=18, waiting=5, pace=0.05), 100, 25, "headroom"),
         # a queue, but the pace is near the SLO: stay
         (State(16), w(running=16, waiting=5, pace=0.095), 100, 16, "steady"),
         # bounds: never above max_limit, never below min_limit
@@ -121,6 +124,11 @@ def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages
     assert higher.state.peak == Peak(32, 1280, 100)
     again = decide(State(32, peak=Peak(32, 1480, 95)), at32, 100, SLO, TUNING)
     assert again.state.peak == Peak(32, 1380, 100), "seen again at about its batch, the peak's rate is averaged"
+    near = decide(State(32, peak=Peak(32, 1480, 95)), w(running=30, waiting=5, pace=0.025, tps=1200), 100, SLO,
+                  TUNING)  # fmt: skip
+    assert near.state.peak == Peak(32, 1340, 100), "a batch of 30 is within 10% of the peak's 32: averaged"
+    level = decide(State(32, peak=Peak(16, 1280, 95)), at32, 100, SLO, TUNING)
+    assert level.state.peak == Peak(16, 1280, 95), "the same rate from a larger batch is no new peak"
     old = decide(State(32, peak=Peak(16, 2000, 10)), at32, 100, SLO, TUNING)
     assert old.state.peak == Peak(16, 2000, 10), "not forgotten by age: only a higher rate or its batch again"
     quiet = decide(State(32, peak=PEAK), w(running=3, tps=100), 100, SLO, TUNING)
@@ -338,3 +346,10 @@ def test_the_pid_grows_on_margin_with_a_queue_cuts_on_a_broken_pace_and_stays_in
     assert top.limit == TUNING.max_limit
     idle, reason = decide_pid(PidState(8), w(running=0), SLO, TUNING, gains)
     assert (idle, reason) == (PidState(8), "idle")
+
+
+def test_the_bounds_may_pin_the_limit_and_a_crossed_pair_is_named() -> None:
+    pinned = Tuning(min_limit=8, max_limit=8)
+    assert decide(State(8), w(running=8, waiting=50, pace=0.02), 100, SLO, pinned).limit == 8
+    with pytest.raises(ValueError, match="need 1 <= min_limit <= max_limit, got 9 and 8"):
+        Tuning(min_limit=9, max_limit=8)

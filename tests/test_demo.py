@@ -28,7 +28,7 @@ from harness.prometheus import require_binary
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 UP_WITHIN = 60  # seconds from start until every target is up
-DATA_WITHIN = 120  # until the overview's core panels have data and a breach has reached the hook
+DATA_WITHIN = 180  # until the core panels have data and a breach has reached the hook (for: 1m, then routing)
 
 
 def free_offset() -> int:

@@ -51,6 +51,22 @@ def test_goodput_counts_good_requests_over_the_whole_run_drain_included() -> Non
     assert j.p99_ttft_s == 2.0 and j.throughput_tokens_s == 80 / 4
     with pytest.raises(ValueError, match="above zero"):
         Slo(0, 0.1)
+    with pytest.raises(ValueError, match="above zero"):
+        Slo(0.5, 0)
+    assert Slo(0.25, 0.05)  # an SLO under a second is the usual one
+
+
+def test_the_slo_is_met_at_its_bound_and_every_quantile_is_of_the_completed_requests() -> None:
+    slo = Slo(0.5, 0.125)
+    at_bound = Outcome(0.5, 0.5 + 0.125 * 8, 9)  # TTFT and TPOT exactly the SLO's (binary fractions: exact)
+    assert at_bound.good(slo) and not Outcome(0.5, 0.5 + 0.25 * 8, 9).good(slo)
+    outcomes = [Outcome(0.125 * k, 0.125 * k + 0.0625 * k * 4, 5) for k in range(1, 5)] + [Outcome(None, None, 0)]
+    j = judge(outcomes, seconds=0.5, slo=slo)  # a run shorter than a second is still per second
+    # by hand: TTFTs 0.125..0.5 and TPOTs 0.0625..0.25, nearest rank over the four completed
+    assert (j.p50_ttft_s, j.p99_ttft_s, j.p50_tpot_s, j.p99_tpot_s) == (0.25, 0.5, 0.125, 0.25)
+    assert (j.good, j.goodput_rps, j.throughput_tokens_s) == (2, 4.0, 40.0)
+    empty = judge([], 0, slo)
+    assert (empty.goodput_rps, empty.throughput_tokens_s) == (0.0, 0.0) and math.isnan(empty.p99_tpot_s)
 
 
 # -- traces -------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from batchlens.config import Config, ConfigError, Engine, Routing, load_config
 from batchlens.routing.classify import Request, classify
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.llmd import context_range, epp_config
-from batchlens.routing.pick import pick
+from batchlens.routing.pick import Route, pick
 from batchlens.routing.proxy_config import ProxyConfigError, litellm_config
 from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
 from batchlens.routing.router import Router
@@ -200,8 +200,16 @@ def test_nothing_is_dropped() -> None:
     dead = dict.fromkeys(["m1", "m2", "i1", "l1", "c1"], DOWN)
     route = pick("interactive", ROLES, dead, RULES)
     assert set(route.engines) == {"m1", "m2", "i1", "l1", "c1"} and route.fallback == DOWN  # the proxy retries
+    assert route.role == "any"
     only_long = {**dead, "l1": OK}
-    assert pick("interactive", ROLES, only_long, RULES).engines == ("l1",)
+    assert pick("interactive", ROLES, only_long, RULES) == Route("any", ("l1",), DOWN)
+
+
+def test_a_role_without_fallbacks_goes_to_any_live_engine() -> None:
+    rules = Routing(fallbacks={})
+    assert pick("long", ROLES, {"l1": DOWN}, rules) == Route("any", ("m1", "m2", "i1", "c1"), DOWN)
+    assert pick("long", ROLES, {"l1": SATURATED}, rules) == Route("long", ("l1",), SATURATED)  # it queues there
+    assert pick("long", {"main": ["m1"]}, {"m1": SATURATED}, rules) == Route("any", ("m1",), "no_engine")
 
 
 def test_a_role_without_engines_falls_back() -> None:

@@ -252,5 +252,7 @@ def test_the_simulated_latencies_do_not_depend_on_the_speed(tmp_path) -> None:
     slow, fast = means[4], means[20]
     print(f"\nsimulated means at 4x: {slow}\nsimulated means at 20x: {fast}")
     assert slow["requests"] == fast["requests"] > 40
-    for key in ("e2e", "ttft", "itl"):
-        assert fast[key] == pytest.approx(slow[key], rel=0.15), (key, slow, fast)
+    # TTFT is a few simulated steps (~50 ms): at 20x, one millisecond the loaded host takes to schedule the
+    # simulator is 20 simulated ones, so its bound also allows 20 ms; the longer latencies are judged by ratio.
+    for key, slack in (("e2e", 0), ("ttft", 0.02), ("itl", 0)):
+        assert fast[key] == pytest.approx(slow[key], rel=0.15, abs=slack), (key, slow, fast)

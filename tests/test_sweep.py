@@ -61,6 +61,23 @@ def test_a_small_limit_over_the_slo_from_its_queue_alone_does_not_hide_a_larger_
 def test_gain_is_per_doubling_whatever_the_step():
     assert gain_per_doubling(Point(4, 100, 0), Point(16, 400, 0)) == pytest.approx(2.0)  # x4 over two doublings
     assert gain_per_doubling(Point(1, 0, 0), Point(2, 10, 0)) == math.inf
+    assert gain_per_doubling(Point(1, 0, 0), Point(2, 0, 0)) == 1.0  # nothing to nothing: no gain, no loss
+    assert gain_per_doubling(Point(1, 0.5, 0), Point(2, 1, 0)) == 2.0  # under one token a second is still a rate
+    assert gain_per_doubling(Point(2, 100, 0), Point(16, 800, 0)) == pytest.approx(2.0)  # x8 over three: a root
+
+
+def test_the_knee_walk_at_its_bounds() -> None:
+    # P99 exactly at the SLO is within it; a gain exactly at min_gain still pays
+    at = find_knee([Point(1, 100, 0.5), Point(2, 150, 0.5), Point(4, 225, 0.5)], slo=0.5, min_gain=1.5)
+    assert at.limit == 4 and at.reason == "the largest limit measured (4)"
+    alone = find_knee([Point(8, 100, 0.1)], slo=0.5)
+    assert alone.limit == 8 and alone.reason == "the largest limit measured (8)"
+    over = find_knee([Point(1, 100, 0.1), Point(2, 190, 0.1), Point(4, 380, 0.9)], slo=0.5)
+    assert over.limit == 2 and over.reason == "at 4 P99 is 0.9s, over the 0.5s SLO"
+    refused = find_knee([Point(1, 100, 0.9), Point(2, 190, 1.0)], slo=0.5)
+    assert refused.limit is None and refused.gains == {2: pytest.approx(1.9)}
+    with pytest.raises(ValueError, match="no operating points"):
+        find_knee([], slo=0.5)
 
 
 def test_outputs_table_csv_and_png(tmp_path):
@@ -80,7 +97,9 @@ def test_outputs_table_csv_and_png(tmp_path):
 
 # -- the simulator's own knee -------------------------------------------------------------------
 
-PROMPT, OUTPUT, SPEED, SLO = 512, 128, 5, 0.5
+# The SLO is loose on purpose (0.5 s of wall clock): the knee comes from the gain rule, which a busy machine does
+# not move, and not from a TTFT that the scheduler of two loaded cores can push over a tight bound.
+PROMPT, OUTPUT, SPEED, SLO = 512, 128, 5, 2.5
 LIMITS = (1, 2, 4, 8, 16, 32, 64)
 #: The knee of the default profile (A100 80 GB, dense-7b) with 512-token prompts and 128-token answers, written
 #: down once from the engine model's closed-loop curve (tokens/s 83, 159, 295, 495, 678, 687, 512 at these
@@ -119,7 +138,8 @@ def test_the_sweep_finds_the_simulators_knee(tmp_path):
     rows = list(csv.DictReader((tmp_path / "out/sweep.csv").open()))
     found = next(int(r["limit"]) for r in rows if r["knee"] == "1")
     assert found == KNEE, (found, [(r["limit"], r["throughput"]) for r in rows])
-    assert f"knee: batch limit {found}" in done.stdout and "sweeping 7 limits" in done.stderr  # the progress bar
+    assert f"knee: batch limit {found} (going to 32 gains only x" in done.stdout, done.stdout
+    assert "sweeping 7 limits" in done.stderr  # the progress bar
     throughput = [float(r["throughput"]) for r in rows]
     assert throughput[3] > 4 * throughput[0], "batching must pay at small limits"
     kv = [float(r["kv_usage"]) for r in rows]

@@ -44,13 +44,14 @@ def visit(url: str, screenshot: Path | None = None, *, wait_ms: int = 1500) -> P
         )
         try:
             page = browser.new_page()
-            seen = PageVisit(title="")
-            page.on("console", lambda m: seen.console_errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: seen.console_errors.append(str(e)))
-            page.on("requestfailed", lambda r: seen.failed_requests.append(f"{r.url}: {r.failure}"))
+            errors: list[str] = []
+            failed: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("requestfailed", lambda r: failed.append(f"{r.url}: {r.failure}"))
             page.goto(url, wait_until="load")
             page.wait_for_timeout(wait_ms)
-            seen.title = page.title()
+            seen = PageVisit(title=page.title())
             seen.images = page.eval_on_selector_all(
                 "img",
                 "els => els.map(e => ({src: e.src, naturalWidth: e.naturalWidth, naturalHeight: e.naturalHeight}))",
@@ -59,6 +60,9 @@ def visit(url: str, screenshot: Path | None = None, *, wait_ms: int = 1500) -> P
                 "table", "els => Object.fromEntries(els.map(e => [e.id, e.rows.length]))"
             )
             seen.text = page.inner_text("body")
+            # What the page did up to here is the visit; a reload the page starts itself later (or one the
+            # closing browser aborts) is not.
+            seen.console_errors, seen.failed_requests = list(errors), list(failed)
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=True)
             return seen

@@ -37,9 +37,10 @@ def pick(wanted: str, roles: Mapping[str, Sequence[str]], states: Mapping[str, s
     queued = tuple(e for e in roles.get(wanted, ()) if states.get(e) == SATURATED)
     if queued:
         return Route(wanted, queued, why)
+    # the wanted role's engines are all down here (a live one was usable or queued above): any role will do
     everything = tuple(dict.fromkeys(e for es in roles.values() for e in es))
     alive = tuple(e for e in everything if states.get(e) != DOWN)
-    return Route(wanted if set(alive) & set(roles.get(wanted, ())) else "any", alive or everything, why)
+    return Route("any", alive or everything, why)
 
 
 def _why(engines: Sequence[str], states: Mapping[str, str]) -> str:
