@@ -30,12 +30,26 @@ def release_capture(request: pytest.FixtureRequest) -> Path:
     return request.param
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that starts a real vLLM runs on one xdist worker, one after another (make test: --dist
     loadgroup): each vLLM takes 30% of the RAM and busy-polls a core, so two at once would starve the rest."""
     for item in items:
         if item.get_closest_marker("vllm"):
             item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
+@pytest.fixture(autouse=True)
+def _vllm_tests_grouped(request: pytest.FixtureRequest) -> None:
+    """Under --dist loadgroup, xdist tells its scheduler a test's group in the test's id: without it the vLLM
+    tests spread over the workers, and three vLLMs at once ran this machine out of memory. Fail each loudly
+    (pytest 9.2 dropped the group in silence: pytest-dev/pytest-xdist#1386)."""
+    grouped = request.node.nodeid.endswith("@vllm")
+    if getattr(request.config.option, "loadgroup", False) and request.node.get_closest_marker("vllm") and not grouped:
+        pytest.fail(
+            "--dist loadgroup does not group the vLLM tests: this pytest and pytest-xdist do not work together "
+            "(pytest-dev/pytest-xdist#1386); install the pytest the test extra pins (pip install -e '.[test]')"
+        )
 
 
 @pytest.fixture(scope="session")

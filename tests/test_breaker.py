@@ -1,4 +1,4 @@
-"""The breaker state machine, table-driven with time travel. Pure: no clock, no servers.
+"""The breaker state machine, table-driven with time travel, and under hostile alert times. Pure: no clock, no servers.
 
 Each table is one engine's story: a list of steps (time, event, expected action, expected state),
 run in order, each step's state feeding the next. ``says`` is a phrase the decision's reason must hold: the
@@ -10,9 +10,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchlens.config import Breaker
-from batchlens.remediation.breaker import EngineState, Observation, on_firing, on_resolved, on_tick
+from batchlens.remediation.breaker import (
+    EngineState,
+    Observation,
+    on_firing,
+    on_resolved,
+    on_tick,
+    without_future_times,
+)
+from batchlens.remediation.webhook import BREAKER_ALERT, MAX_FUTURE_SECONDS, WebhookPayload, deliveries
+from harness.remediate import alert, notification
 
 SETTINGS = Breaker(strikes=3, cooldown_seconds=60, cold_start_limit=1, recovery_interval_seconds=300)
 EPISODE = 1000.0  # startsAt of the alert in the stories below
@@ -180,3 +191,38 @@ def test_the_state_survives_a_json_round_trip() -> None:
     state = run([(0, fire(32, waiting=200), "hold_overload", {}), (100, fire(32), "halve", {})])
     assert EngineState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
     assert EngineState.from_dict({"mode": "closed"}) == EngineState()  # a state file from before pages were kept
+
+
+# -- hostile clocks: the webhook's bound on startsAt and the breaker together (both pure) ----------------------
+
+ALERT_TIMES = st.one_of(
+    st.floats(0, 253402297199.0),  # anything from 1970 to 9999
+    st.sampled_from([EPISODE, EPISODE + MAX_FUTURE_SECONDS, EPISODE + MAX_FUTURE_SECONDS + 1, 253402297199.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["firing", "resolved"]), ALERT_TIMES, st.floats(0, 900)), max_size=12))
+def test_no_sequence_of_alert_times_keeps_a_later_genuine_episode_from_acting(events) -> None:
+    state, now = EngineState(), EPISODE
+    for status, starts_at, gap in events:
+        now += gap
+        payload = WebhookPayload.model_validate(notification(alert("a", status, starts_at=starts_at)))
+        for d in deliveries(payload, now=now, instances={"a"}, alertnames={BREAKER_ALERT})[0]:
+            state = (fire(32, starts_at=d.starts_at)(state, now) if d.status == "firing"
+                     else on_resolved(state, starts_at=d.starts_at, now=now)).state  # fmt: skip
+        state = on_tick(state, now=now, settings=SETTINGS).state
+    # A genuine episode after all that: it starts after every time the webhook took, outside the cooldown.
+    now += MAX_FUTURE_SECONDS + SETTINGS.cooldown_seconds + 1
+    fired = fire(32, starts_at=now)(state, now)
+    assert fired.skipped != "stale" and fired.state.mode in ("tripped", "cold_start"), (fired.action, fired.reason)
+    resolved = on_resolved(fired.state, starts_at=now, now=now + 1)
+    assert resolved.action == "resolved", resolved.reason  # and its own resolution is never ignored
+
+
+def test_a_state_saved_with_a_time_in_the_future_is_cleared_on_load() -> None:
+    wedged = EngineState(mode="tripped", strikes=1, resolved_through=253402297199.0, episode_starts_at=2e11)
+    cleared = without_future_times(wedged, now=EPISODE, skew=MAX_FUTURE_SECONDS)
+    assert cleared == EngineState(mode="tripped", strikes=1)
+    fine = EngineState(resolved_through=EPISODE + MAX_FUTURE_SECONDS)
+    assert without_future_times(fine, now=EPISODE, skew=MAX_FUTURE_SECONDS) is fine

@@ -8,6 +8,7 @@ starts the rest, as it must; the dashboards' queries are run against the demo's 
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import socket
@@ -18,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from batchlens.demo import secret
 from batchlens.stack import SERVICES
 from harness.exporter import BATCHLENS, one, parse_samples, pick, scraped_sum
 from harness.grafana import panel_results, walk_panels
@@ -57,6 +59,18 @@ def get_json(url: str) -> dict:
     status, body = http_get(url, timeout=10)
     assert status == 200, (url, body[:300])
     return json.loads(body)
+
+
+def test_the_demo_token_is_born_0600_and_kept_across_restarts(tmp_path, monkeypatch) -> None:
+    """Under umask 0, and with no chmod after the fact (as if the demo were killed between write and chmod)."""
+    monkeypatch.setattr(Path, "chmod", lambda *_a, **_k: None)
+    old = os.umask(0)
+    try:
+        token = secret(tmp_path / "admin.token")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "admin.token").stat().st_mode & 0o777 == 0o600
+    assert len(token) >= 32 and secret(tmp_path / "admin.token") == token
 
 
 def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path) -> None:

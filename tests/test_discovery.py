@@ -19,7 +19,7 @@ from batchlens.discovery.pods import engines_of
 from harness.exporter import ExporterProcess, one, pick
 from harness.kube_api import FakeKubernetes, pod
 from harness.procs import free_port, wait_until
-from harness.remediate import RemediateProcess, alert, notification
+from harness.remediate import WEBHOOK_TOKEN, RemediateProcess, alert, notification
 
 
 def test_running_pods_with_an_ip_are_engines_and_the_rest_is_counted() -> None:
@@ -69,6 +69,14 @@ def api():
         server.serve_pod(ip)
     yield server
     server.close()
+
+
+def pod_alert(instance: str, namespace: str | None = None) -> dict:
+    """The breaker alert of a discovered engine "<namespace>/<pod>", labelled as the rules label it: with the
+    namespace of its series (or another one, to forge it)."""
+    sent = alert(instance)
+    sent["labels"]["namespace"] = namespace or instance.split("/")[0]
+    return sent
 
 
 def discovery(api: FakeKubernetes, namespaces=("serving",)) -> dict:
@@ -137,7 +145,7 @@ def test_the_hook_resolves_an_alerts_pod_to_its_admin_api_and_keeps_its_state(ap
     try:
         api.pods = [pod("vllm-0", "127.0.0.2"), pod("vllm-1", "127.0.0.3", node="gpu-node-b")]  # every node
         hook = RemediateProcess(tmp_path, {"kubernetes": discovery(api)})  # the token: the pods' own Secret
-        status, body = hook.post(notification(alert("serving/vllm-1"), alert("serving/vllm-9")))
+        status, body = hook.post(notification(pod_alert("serving/vllm-1"), pod_alert("serving/vllm-9")))
         assert status == 200 and body["accepted"] == 1 and body["unknown_instance"] == 1, body
         wait_until(lambda: api.batch["127.0.0.3"]["max_num_active_seqs"] == 32, what="vllm-1 halved")
         assert api.batch["127.0.0.2"]["max_num_active_seqs"] == 64  # the other pod is left alone
@@ -181,8 +189,8 @@ def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
         k8s = discovery(api, namespaces=("serving", "team-b"))
         env = {"BATCHLENS_ADMIN_TOKEN": "a-shared-token-nobody-should-see"}
         hook = RemediateProcess(tmp_path, {"kubernetes": k8s}, env=env)
-        status, body = hook.post(notification(alert("serving/vllm-0"), alert("team-b/vllm-b"),
-                                              alert("serving/impostor"), alert("tenant-evil/not-vllm")))  # fmt: skip
+        sent = ("serving/vllm-0", "team-b/vllm-b", "serving/impostor", "tenant-evil/not-vllm")
+        status, body = hook.post(notification(*map(pod_alert, sent)))
         assert status == 200 and body["accepted"] == 2 and body["unknown_instance"] == 2, body
         wait_until(lambda: api.batch["127.0.0.2"]["max_num_active_seqs"] == 32, what="serving/vllm-0 halved")
         wait_until(lambda: api.batch["127.0.0.5"]["max_num_active_seqs"] == 32, what="team-b/vllm-b halved")
@@ -220,4 +228,42 @@ def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
         for proc in (exporter, hook):
             if proc is not None:
                 proc.stop()
+        api.close()
+
+
+@pytest.mark.slow
+def test_a_tenants_webhook_token_acts_on_its_own_namespace_only(tmp_path) -> None:
+    """The attack from issue 30: an alert labelled namespace=ns-a with vllm_instance=ns-b/vllm-0 halved ns-b's
+    engine, sent with the one webhook token that every tenant's namespace held a copy of.
+
+    Now each namespace's Secret holds its own webhook token, good for its engines only, and an alert acts only
+    on an engine of the namespace it is labelled with, whichever token sent it."""
+    api = FakeKubernetes(free_port())
+    api.serve_pod("127.0.0.2", "ns-a")
+    api.serve_pod("127.0.0.3", "ns-b")
+    api.tokens = {"ns-a": "a-admin", "ns-b": "b-admin"}
+    api.webhook_tokens = {"ns-a": "a-webhook", "ns-b": "b-webhook"}
+    hook = None
+    try:
+        api.pods = [pod("vllm-0", "127.0.0.2", namespace="ns-a"), pod("vllm-0", "127.0.0.3", namespace="ns-b")]
+        k8s = discovery(api, namespaces=("ns-a", "ns-b"))
+        hook = RemediateProcess(tmp_path, {"kubernetes": k8s})  # and the service's own token, WEBHOOK_TOKEN
+        attacks = [
+            ("a-webhook", pod_alert("ns-b/vllm-0", "ns-a"), "other_namespace"),  # the attack as found
+            ("a-webhook", pod_alert("ns-b/vllm-0", "ns-b"), "other_namespace"),  # with the label forged too
+            (WEBHOOK_TOKEN, pod_alert("ns-b/vllm-0", "ns-a"), "namespace_mismatch"),  # mislabelled, any token
+        ]
+        for token, sent, reason in attacks:
+            status, body = hook.post(notification(sent), token=token)
+            assert status == 200 and body == {"status": "accepted", "accepted": 0, reason: 1}, body
+        assert hook.post(notification(pod_alert("ns-b/vllm-0", "ns-b")), token="a-admin")[0] == 401
+        status, body = hook.post(notification(pod_alert("ns-b/vllm-0", "ns-b")), token="b-webhook")  # its own
+        assert status == 200 and body["accepted"] == 1, body
+        wait_until(lambda: api.batch["127.0.0.3"]["max_num_active_seqs"] == 32, what="ns-b/vllm-0 halved")
+        assert api.batch["127.0.0.2"]["max_num_active_seqs"] == 64
+        assert pick(hook.samples(), "batchlens_remediation_deliveries_total", outcome="other_namespace")
+        assert "a-webhook" not in hook.process.log_tail(400) and "b-webhook" not in hook.process.log_tail(400)
+    finally:
+        if hook is not None:
+            hook.stop()
         api.close()

@@ -271,9 +271,9 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
 
 def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
     secrets = of_kind(rendered["all-enabled-values"], "Secret")
-    # The webhook token is copied into each namespace whose AlertmanagerConfig reads it; the admin token is
+    # The service's webhook token stays in the release's namespace (no copy in a tenant's); the admin token is
     # the user's existing Secret, so the chart makes none.
-    assert sorted(s["metadata"]["namespace"] for s in secrets) == ["monitoring", "serving", "serving-canary"]
+    assert sorted(s["metadata"]["namespace"] for s in secrets) == ["monitoring"]
     assert all("value" not in json.dumps(s["metadata"]) for s in secrets)
     for path, text in render(VALUES["all-enabled-values"]).items():
         if not path.endswith("secrets.yaml"):
@@ -292,7 +292,8 @@ def test_the_notes_warn_about_the_missing_release_label() -> None:
 def test_amtool_routes_the_breaker_to_the_hook_only_from_the_objects_namespaces(rendered, tmp_path) -> None:
     amtool = require_binary("amtool", "prometheus-alertmanager")
     configs = of_kind(rendered["all-enabled-values"], "AlertmanagerConfig")
-    assert sorted(c["metadata"]["namespace"] for c in configs) == ["serving", "serving-canary"]
+    # the engine namespaces', and the release's for the static engines (their series carry the exporter's)
+    assert sorted(c["metadata"]["namespace"] for c in configs) == [NAMESPACE, "serving", "serving-canary"]
     token = tmp_path / "token"
     token.write_text("x")
     config = tmp_path / "alertmanager.yml"
@@ -311,9 +312,37 @@ def test_amtool_routes_the_breaker_to_the_hook_only_from_the_objects_namespaces(
             text=True,
         )
         assert done.returncode == 0, (labels, done.stdout + done.stderr)
-    [config] = configs[:1]
-    [hook_config] = config["spec"]["receivers"][0]["webhookConfigs"]
-    assert hook_config["url"] == f"http://{RELEASE}-batchlens-remediate.{NAMESPACE}.svc:9401/alertmanager"
+    for config in configs:
+        [hook_config] = config["spec"]["receivers"][0]["webhookConfigs"]
+        assert hook_config["url"] == f"http://{RELEASE}-batchlens-remediate.{NAMESPACE}.svc:9401/alertmanager"
+        # each tenant's object sends its own namespace's webhook token: good for its own engines only
+        credentials = hook_config["httpConfig"]["authorization"]["credentials"]
+        own = {"name": f"{RELEASE}-batchlens-webhook-token", "key": "token"}  # the release's: the service's
+        expected = own if config["metadata"]["namespace"] == NAMESPACE else {"name": "vllm-admin-token",
+                                                                              "key": "webhook-token"}  # fmt: skip
+        assert credentials == expected, config["metadata"]
+
+
+def test_each_engine_namespace_gets_a_webhook_token_of_its_own_and_the_config_names_its_key() -> None:
+    docs = objects(
+        {
+            "discovery": {"namespaces": ["team-a", "team-b"]},
+            "engines": [{"name": "edge", "url": "http://10.0.0.9:8000"}],
+        }
+    )
+    admin = {s["metadata"]["namespace"]: s["data"] for s in of_kind(docs, "Secret") if "admin" in s["metadata"]["name"]}
+    webhook = [s for s in of_kind(docs, "Secret") if "webhook" in s["metadata"]["name"]]
+    assert [s["metadata"]["namespace"] for s in webhook] == [NAMESPACE], "the service's token: one copy, its own"
+    assert len({d["webhook-token"] for d in admin.values()} | {webhook[0]["data"]["token"]}) == len(admin) + 1
+    by_namespace = {c["metadata"]["namespace"]: c for c in of_kind(docs, "AlertmanagerConfig")}
+    assert set(by_namespace) == {"team-a", "team-b", NAMESPACE}  # the release's: the static engine's alerts
+    sent = {ns: c["spec"]["receivers"][0]["webhookConfigs"][0]["httpConfig"]["authorization"]["credentials"]
+            for ns, c in by_namespace.items()}  # fmt: skip
+    assert sent["team-a"] == {"name": f"{RELEASE}-batchlens-admin-token", "key": "webhook-token"}
+    assert sent[NAMESPACE] == {"name": f"{RELEASE}-batchlens-webhook-token", "key": "token"}
+    [configmap] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    config = yaml.safe_load(next(iter(configmap["data"].values())))
+    assert config["kubernetes"]["webhook_token_key"] == "webhook-token"
 
 
 def test_the_vllm_examples_switch_the_plugin_on_with_the_token_the_chart_reads() -> None:

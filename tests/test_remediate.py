@@ -26,7 +26,7 @@ from harness.simulator import SimulatorProcess
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 CAPACITY = 32
-T0 = 1_800_000_000.0  # the alerts' startsAt
+T0 = 1_790_000_000.0  # the alerts' startsAt: in the past, as a real one is
 
 
 def eventually(check: Callable[[], object], what: str, timeout: float = 15) -> object:
@@ -146,6 +146,7 @@ def test_one_notification_mixing_engines_and_bad_alerts_handles_each_on_its_own(
     [
         (notification(alert("sim")), None, 401),
         (notification(alert("sim")), "wrong-token", 401),
+        (notification(alert("sim")), "\xff\xfe", 401),  # bytes that are not UTF-8: it answered 500, a traceback
         (b"{not json", WEBHOOK_TOKEN, 400),
         ({**notification(alert("sim")), "version": "3"}, WEBHOOK_TOKEN, 400),
         ({**notification(alert("sim")), "alerts": "sim"}, WEBHOOK_TOKEN, 400),
@@ -155,6 +156,7 @@ def test_one_notification_mixing_engines_and_bad_alerts_handles_each_on_its_own(
     ids=[
         "no-token",
         "wrong-token",
+        "non-utf8-token",
         "malformed-json",
         "version-3",
         "alerts-not-a-list",

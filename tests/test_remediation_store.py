@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from batchlens.remediation.breaker import EngineState
-from batchlens.remediation.store import Delivery, Store
-from batchlens.remediation.webhook import WebhookPayload, deliveries
+from batchlens.remediation.store import INBOX_KEEP_SECONDS, Delivery, Store
+from batchlens.remediation.webhook import MAX_FUTURE_SECONDS, WebhookPayload, deliveries
 from harness.remediate import alert, notification
+
+NOW = 1_790_000_042.0  # just after the harness' alerts start
 
 
 def delivery(instance: str = "a", status: str = "firing") -> Delivery:
@@ -61,12 +64,12 @@ def test_deliveries_keep_the_breaker_alerts_of_known_engines_and_count_the_rest(
             truncated=3,
         )
     )
-    keep, skipped = deliveries(payload, now=42.0, instances={"a"}, alertnames={"VllmP99LatencyBreaker"})
+    keep, skipped = deliveries(payload, now=NOW, instances={"a"}, alertnames={"VllmP99LatencyBreaker"})
     assert [(d.vllm_instance, d.status, d.received_at) for d in keep] == [
-        ("a", "firing", 42.0),
-        ("a", "resolved", 42.0),
+        ("a", "firing", NOW),
+        ("a", "resolved", NOW),
     ]
-    assert keep[0].starts_at == 1_800_000_000.0
+    assert keep[0].starts_at == 1_790_000_000.0
     assert skipped == {"unknown_instance": 1, "missing_vllm_instance": 1, "other_alert": 1, "truncated": 3}
 
 
@@ -79,7 +82,78 @@ def test_with_a_cluster_set_only_that_clusters_alerts_are_acted_on() -> None:
 
     payload = WebhookPayload.model_validate(notification(in_cluster("east"), in_cluster("west"), in_cluster(None)))
     alertnames = {"VllmP99LatencyBreaker"}
-    keep, skipped = deliveries(payload, now=1.0, instances={"a"}, alertnames=alertnames, cluster="east")
+    keep, skipped = deliveries(payload, now=NOW, instances={"a"}, alertnames=alertnames, cluster="east")
     assert len(keep) == 1 and skipped == {"other_cluster": 1, "missing_cluster": 1}
-    keep, skipped = deliveries(payload, now=1.0, instances={"a"}, alertnames=alertnames)  # no cluster: all
-    assert len(keep) == 3 and not skipped
+    keep, skipped = deliveries(payload, now=NOW, instances={"a"}, alertnames=alertnames)  # no cluster: all,
+    assert len(keep) == 1 and skipped == {"duplicate": 2}  # and one delivery of the three copies
+
+
+def test_an_alert_time_in_the_future_is_refused_and_counted() -> None:
+    now = NOW
+    payload = WebhookPayload.model_validate(
+        notification(
+            alert("a", "resolved", starts_at=253402297199.0),  # 9999-12-31: would mark every firing stale
+            alert("b", starts_at=now + MAX_FUTURE_SECONDS + 1),
+            alert("c", starts_at=now + MAX_FUTURE_SECONDS),  # clock skew within the bound: kept
+        )
+    )
+    keep, skipped = deliveries(payload, now=now, instances={"a", "b", "c"}, alertnames={"VllmP99LatencyBreaker"})
+    assert [d.vllm_instance for d in keep] == ["c"] and skipped == {"future_starts_at": 2}
+
+
+def test_copies_in_one_notification_are_one_delivery_the_newest() -> None:
+    copies = [alert("a", starts_at=1_790_000_000.0 + k) for k in range(999)]
+    payload = WebhookPayload.model_validate(notification(*copies, alert("a", "resolved")))
+    keep, skipped = deliveries(payload, now=1_790_001_000.0, instances={"a"}, alertnames={"VllmP99LatencyBreaker"})
+    assert [(d.status, d.starts_at) for d in keep] == [("firing", 1_790_000_998.0), ("resolved", 1_790_000_000.0)]
+    assert skipped == {"duplicate": 998}
+
+
+def test_a_fingerprint_longer_than_alertmanagers_is_not_a_payload() -> None:
+    sent = alert("a")
+    sent["fingerprint"] = "f" * 65
+    with pytest.raises(ValidationError, match="fingerprint"):
+        WebhookPayload.model_validate(notification(sent))
+
+
+def test_decided_deliveries_are_forgotten_after_a_week_and_pending_ones_never(tmp_path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.accept([delivery("old"), delivery("waits")])
+    old, _ = store.pending()
+    store.save("old", EngineState(), 11.0, done=old, outcome="halve")
+    later = Delivery(11.0 + INBOX_KEEP_SECONDS + 1, "new", "VllmP99LatencyBreaker", "firing", 5.0, "f")
+    store.accept([later])
+    rows = store._db.execute("SELECT vllm_instance FROM inbox ORDER BY id").fetchall()
+    assert rows == [("waits",), ("new",)]
+
+
+def test_the_action_log_moves_aside_at_its_size_bound(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("batchlens.remediation.store.ACTION_LOG_MAX_BYTES", 100)
+    store = Store(tmp_path / "s.sqlite")
+    for k in range(5):
+        store.log_action({"action": "halve", "n": k, "pad": "x" * 40})
+    current = [json.loads(line)["n"] for line in store.action_log.read_text().splitlines()]
+    previous = [json.loads(line)["n"] for line in (tmp_path / "s.sqlite.actions.jsonl.1").read_text().splitlines()]
+    assert previous == [2, 3] and current == [4], (previous, current)  # nothing lost but the oldest generation
+
+
+def test_an_engine_in_a_namespace_takes_alerts_of_that_namespace_from_a_token_good_for_it() -> None:
+    def labelled(instance: str, namespace: str | None) -> dict:
+        sent = alert(instance)
+        if namespace is not None:
+            sent["labels"]["namespace"] = namespace
+        return sent
+
+    engines = {"a/vllm": "a", "b/vllm": "b", "static": ""}
+    payload = WebhookPayload.model_validate(
+        notification(labelled("a/vllm", "a"), labelled("b/vllm", "a"), labelled("static", None))
+    )
+
+    def kept(scope) -> tuple[list[str], dict]:
+        keep, skipped = deliveries(payload, now=NOW, instances=engines, alertnames={"VllmP99LatencyBreaker"},
+                                   namespace_of=engines, scope=scope)  # fmt: skip
+        return [d.vllm_instance for d in keep], dict(skipped)
+
+    assert kept(None) == (["a/vllm", "static"], {"namespace_mismatch": 1})  # the service's token
+    assert kept(frozenset({"a"})) == (["a/vllm"], {"other_namespace": 2})  # a's token: a's engines only
+    assert kept(frozenset({"a", "b"})) == (["a/vllm"], {"namespace_mismatch": 1, "other_namespace": 1})  # shared

@@ -91,10 +91,19 @@ def check_token(authorization: str | None, token: str | None) -> None:
             f"the batchlens admin API is disabled: set {TOKEN_ENV} in the server's environment "
             "(it changes the batch limit, so it is never open without a token)",
         )
-    scheme, _, given = (authorization or "").partition(" ")
-    # Compared in constant time; the token itself is never echoed or logged.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if not bearer_matches(authorization, token):
         raise AdminError(401, "missing or wrong token: send 'Authorization: Bearer <token>'")
+
+
+def bearer_matches(authorization: str | None, token: str) -> bool:
+    """Whether an Authorization header carries ``token`` as a bearer token (the scheme in any case).
+
+    Compared in constant time, and never echoed or logged. A header that is not UTF-8 (aiohttp hands its bytes
+    on as surrogates) is a wrong token, not an error.
+    """
+    scheme, _, given = (authorization or "").partition(" ")
+    sent = given.strip().encode("utf-8", "surrogateescape")
+    return scheme.lower() == "bearer" and hmac.compare_digest(sent, token.encode())
 
 
 def parse_update(body: bytes, max_num_seqs: int) -> int:
@@ -103,7 +112,7 @@ def parse_update(body: bytes, max_num_seqs: int) -> int:
         raise AdminError(400, f"body larger than {MAX_BODY_BYTES} bytes")
     try:
         update = BatchUpdate.model_validate(json.loads(body))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: [[[[... nested past 1000
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "body is not JSON"
         raise AdminError(400, f'expected {{"max_num_active_seqs": <integer>}}: {detail}') from None
     value = update.max_num_active_seqs

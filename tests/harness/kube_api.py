@@ -95,7 +95,8 @@ def _matches(item: dict, selector: str, fields: str) -> bool:
 
 
 class FakeKubernetes:
-    """The API server. ``tokens`` holds each namespace's Secret batchlens-admin-token (namespace -> token)."""
+    """The API server. ``tokens`` holds each namespace's Secret batchlens-admin-token (namespace -> token), and
+    ``webhook_tokens`` the same Secret's webhook-token key, where a namespace has one."""
 
     def __init__(self, pod_port: int, admin_token: str = "pod-admin-token") -> None:
         self.port = free_port()
@@ -106,6 +107,7 @@ class FakeKubernetes:
         self.requests: list[str] = []
         self.admin_token = admin_token
         self.tokens: dict[str, str] = {"serving": admin_token}
+        self.webhook_tokens: dict[str, str] = {}  # namespace -> the webhook-token key of that same Secret
         self.secret_forbidden: set[str] = set()  # namespaces whose Secret the caller may not read
         self.batch: dict[str, dict] = {}  # pod IP -> its admin API's batch state
         self.namespace_of: dict[str, str] = {}  # pod IP -> the namespace whose token its server takes
@@ -172,7 +174,10 @@ class FakeKubernetes:
         if name != TOKEN_SECRET["name"] or namespace not in self.tokens:
             status = {**FORBIDDEN, "message": f'secrets "{name}" not found', "reason": "NotFound", "code": 404}
             return web.json_response(status, status=404)
-        data = {TOKEN_SECRET["key"]: base64.b64encode(self.tokens[namespace].encode()).decode()}
+        values = {TOKEN_SECRET["key"]: self.tokens[namespace]}
+        if namespace in self.webhook_tokens:
+            values["webhook-token"] = self.webhook_tokens[namespace]
+        data = {key: base64.b64encode(value.encode()).decode() for key, value in values.items()}
         meta = {"name": name, "namespace": namespace, "resourceVersion": "4713"}
         return web.json_response(
             {"kind": "Secret", "apiVersion": "v1", "metadata": meta, "type": "Opaque", "data": data}

@@ -23,7 +23,7 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
-def alert(instance: str, status: str = "firing", starts_at: float = 1_800_000_000.0, name: str = BREAKER) -> dict:
+def alert(instance: str, status: str = "firing", starts_at: float = 1_790_000_000.0, name: str = BREAKER) -> dict:
     return {
         "status": status,
         "labels": {"alertname": name, "severity": "critical", "vllm_instance": instance, "engine": "0"},

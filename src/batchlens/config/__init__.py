@@ -290,6 +290,11 @@ class Kubernetes(_Section):
         description="the Secret, in each engine's namespace, that its pod's BATCHLENS_ADMIN_TOKEN comes from",
     )
     admin_token_key: str = Field("token", min_length=1, description="the key of that Secret holding the token")
+    webhook_token_key: str = Field(
+        "webhook-token",
+        min_length=1,
+        description="the key of that Secret holding the namespace's webhook token: it acts on that namespace only",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -81,9 +81,12 @@ def find_litellm(choice: str) -> str | None:
 
 def secret(path: Path) -> str:
     """A token kept in the run folder (0600), made on first use so that restarts keep it."""
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(24))
-        path.chmod(0o600)
+    try:  # created 0600, never readable by others even for a moment (a write, then a chmod, left a window)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(24))
     return path.read_text().strip()
 
 

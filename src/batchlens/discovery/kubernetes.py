@@ -17,6 +17,9 @@ proves it is an engine): read from the Secret in the pod's namespace at every po
 rotated Secret reaches batchlens within one interval, and one namespace's token never
 reaches another namespace's pods. A Secret that cannot be read leaves its engines sampled
 without a token (their admin calls answer 401), counted as ``token_<reason>``.
+
+The same Secret may hold the namespace's webhook token (``webhook_token_key``): the one its
+tenant's AlertmanagerConfig sends, which acts on that namespace's engines only.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Discovered:
     engines: list[Engine]
     skipped: Counter[str] = field(default_factory=Counter)
     token_errors: dict[str, SourceError] = field(default_factory=dict)  # namespace -> why its Secret is unread
+    webhook_tokens: dict[str, str] = field(default_factory=dict)  # namespace -> its tenant's webhook token
 
 
 class PodLister:
@@ -73,19 +77,23 @@ class PodLister:
         """The engines among the selected pods of the listed namespaces, each with its own pod's token."""
         engines, skipped = engines_of(await self.pods(), self.settings)
         tokens: dict[str, str] = {}
+        webhook_tokens: dict[str, str] = {}
         errors: dict[str, SourceError] = {}
         for namespace in sorted({e.labels["namespace"] for e in engines}):
             try:
-                tokens[namespace] = await self._token(namespace)
+                tokens[namespace], webhook = await self._tokens(namespace)
             except SourceError as exc:
                 errors[namespace] = exc
+                continue
+            if webhook:
+                webhook_tokens[namespace] = webhook
         secret = self.settings.admin_token_secret
         with_tokens = [
             e.with_admin_token(tokens.get(ns), f"the Secret {ns}/{secret}")
             for e in engines
             for ns in [e.labels["namespace"]]
         ]
-        return Discovered(with_tokens, skipped, errors)
+        return Discovered(with_tokens, skipped, errors, webhook_tokens)
 
     async def pods(self) -> list:
         fields = {"spec.nodeName": self.node} if self.node else None
@@ -98,18 +106,23 @@ class PodLister:
                 ]
         return found
 
-    async def _token(self, namespace: str) -> str:
+    async def _tokens(self, namespace: str) -> tuple[str, str]:
+        """The namespace's admin token, and its webhook token ("" where the Secret has none)."""
         name, key = self.settings.admin_token_secret, self.settings.admin_token_key
         what = f"reading the Secret {namespace}/{name}"
         with self._api_errors(what):
             secret = await self._client.get(self._secret, name, namespace=namespace)
-        value = (secret.data or {}).get(key)
-        if not value:
+        data = secret.data or {}
+        if not data.get(key):
             raise SourceError("no_key", f"{what}: it has no key {key!r}")
-        try:
-            return base64.b64decode(value, validate=True).decode().strip()
-        except (binascii.Error, UnicodeDecodeError):
-            raise SourceError("invalid", f"{what}: key {key!r} is not base64 UTF-8") from None
+
+        def decoded(k: str) -> str:
+            try:
+                return base64.b64decode(data.get(k) or "", validate=True).decode().strip()
+            except (binascii.Error, UnicodeDecodeError):
+                raise SourceError("invalid", f"{what}: key {k!r} is not base64 UTF-8") from None
+
+        return decoded(key), decoded(self.settings.webhook_token_key)
 
     @contextlib.contextmanager
     def _api_errors(self, what: str) -> Iterator[None]:

@@ -87,6 +87,14 @@ def _none(state: EngineState, reason: str, skipped: str = "recorded") -> Decisio
     return Decision(state, "none", reason, skipped=skipped)
 
 
+def without_future_times(state: EngineState, *, now: float, skew: float) -> EngineState:
+    """The state less any alert time later than ``now + skew``: such a time marks every real firing before it
+    stale, or holds off its own episode's resolution, for good. The webhook refuses them; this clears a state
+    saved before it did."""
+    future = {f: None for f in ("resolved_through", "episode_starts_at") if (getattr(state, f) or 0) > now + skew}
+    return replace(state, **future) if future else state
+
+
 def on_firing(state: EngineState, *, starts_at: float, now: float, obs: Observation, settings: Settings) -> Decision:
     if state.resolved_through is not None and starts_at <= state.resolved_through:
         return _none(state, "out-of-order delivery: this episode has already resolved", "stale")

@@ -1,8 +1,10 @@
 """`batchlens remediate`: the Alertmanager webhook receiver, its /metrics and /healthz.
 
 ``POST /alertmanager`` takes Alertmanager's webhook payload (version 4) with
-``Authorization: Bearer <token>`` (the token from ``remediate.webhook_token_env``;
-without one configured the route answers 503, secure by default). It answers:
+``Authorization: Bearer <token>``: the service's token (``remediate.webhook_token_env``),
+which may act on any engine, or a namespace's own (discovery reads it from that namespace's
+admin-token Secret, key ``kubernetes.webhook_token_key``), which acts on that namespace's
+engines only. Without any token configured the route answers 503, secure by default. It answers:
 
 - 200 once the deliveries are in the inbox: the work happens after the reply;
 - 400 for a body that is not a version-4 payload, 401 for a wrong token,
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
 
 from batchlens import __version__
+from batchlens.admin_api import bearer_matches
 from batchlens.config import Config, parse_listen
 from batchlens.control.live import Controller
 from batchlens.discovery.kubernetes import PodLister
@@ -135,6 +137,7 @@ class RemediationServer:
         self.discovery_errors: Counter[str] = Counter()
         self._discovery_failing: str | None = None
         self._token_failing: dict[str, str] = {}  # namespace -> why its admin token Secret is not read
+        self.namespace_tokens: dict[str, str] = {}  # namespace -> its tenant's webhook token (from discovery)
 
     async def start(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"batchlens/{__version__}"})
@@ -173,6 +176,9 @@ class RemediationServer:
                 log.warning("discovery: %s [reason=token_%s]; its engines get no token", exc, exc.reason)
             self.discovery_errors[f"token_{exc.reason}"] += 1
         self._token_failing = {ns: exc.reason for ns, exc in found.token_errors.items()}
+        # A Secret that cannot be read this time is not a revoked one: its namespace keeps the token it had.
+        kept = {ns: t for ns, t in self.namespace_tokens.items() if ns in found.token_errors}
+        self.namespace_tokens = {**kept, **found.webhook_tokens}
         self.remediator.engines_found(found.engines)
 
     async def _discover_every(self) -> None:
@@ -217,10 +223,15 @@ class RemediationServer:
         return response
 
     async def handle_webhook(self, request: web.Request) -> web.Response:
-        if self.token is None:
+        if self.token is None and not self.namespace_tokens:
             return _error(503, f"no webhook token configured: set {self.config.remediate.webhook_token_env}")
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+        given = request.headers.get("Authorization")
+        scopes = [ns for ns, token in self.namespace_tokens.items() if bearer_matches(given, token)]
+        if self.token is not None and bearer_matches(given, self.token):
+            scope = None  # the service's own token: any engine
+        elif scopes:
+            scope = frozenset(scopes)  # the namespaces whose Secret holds this token (one, unless copied)
+        else:
             log.warning("webhook: rejected a request from %s: missing or wrong bearer token", request.remote)
             return _error(401, "missing or wrong bearer token")
         body = await request.read()  # aiohttp answers 413 past client_max_size
@@ -232,7 +243,7 @@ class RemediationServer:
             log.warning("webhook: rejected a payload: %s: %s", where, first["msg"])
             return _error(400, f"not an Alertmanager version 4 payload: {where}: {first['msg']}")
         try:
-            summary = self.remediator.accept(payload)
+            summary = self.remediator.accept(payload, scope)
         except sqlite3.Error as exc:
             log.error("webhook: cannot write the inbox (%s): answering 500 so that Alertmanager retries", exc)
             return _error(500, "cannot store the notification; retry")

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import aiohttp
@@ -33,13 +33,26 @@ from batchlens.config import Config, Engine
 from batchlens.control.live import Controller
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
-from batchlens.remediation.breaker import Decision, EngineState, Observation, on_firing, on_resolved, on_tick
+from batchlens.remediation.breaker import (
+    Decision,
+    EngineState,
+    Observation,
+    on_firing,
+    on_resolved,
+    on_tick,
+    without_future_times,
+)
 from batchlens.remediation.store import Delivery, Store
-from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, WebhookPayload, deliveries
+from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, MAX_FUTURE_SECONDS, WebhookPayload, deliveries
 
 log = logging.getLogger("batchlens.remediate")
 PAGE_ALERT = "VllmBreakerEscalation"
 MAX_BACKOFF = 60.0
+
+
+#: Alerts not acted on that mean something is misconfigured or hostile upstream (the others are routine).
+SKIPS_TO_WARN_OF = frozenset({"unknown_instance", "missing_vllm_instance", "missing_cluster", "truncated",
+                              "future_starts_at", "other_namespace", "namespace_mismatch"})  # fmt: skip
 
 
 @dataclass
@@ -103,18 +116,21 @@ class Remediator:
 
     # --- the webhook's part: fast, no network ------------------------------------------------------------
 
-    def accept(self, payload: WebhookPayload) -> dict[str, int]:
-        """Write the notification's deliveries to the inbox; raises sqlite3.Error if that fails."""
+    def accept(self, payload: WebhookPayload, scope: Collection[str] | None = None) -> dict[str, int]:
+        """Write the notification's deliveries to the inbox; raises sqlite3.Error if that fails.
+
+        ``scope``: the namespaces whose webhook token sent it (None: the service's own token, any engine).
+        """
         alertnames = {BREAKER_ALERT, KV_ALERT} if self.settings.reset_prefix_cache else {BREAKER_ALERT}
-        keep, skipped = deliveries(
-            payload, now=self.clock(), instances=self.engines, alertnames=alertnames, cluster=self.cluster
-        )
+        namespace_of = {name: e.labels.get("namespace", "") for name, e in self.engines.items()}
+        keep, skipped = deliveries(payload, now=self.clock(), instances=self.engines, alertnames=alertnames,
+                                   cluster=self.cluster, namespace_of=namespace_of, scope=scope)  # fmt: skip
         if keep:
             self.store.accept(keep)
             self.wake.set()
         for reason, n in skipped.items():
             self.deliveries[reason] += n
-            if reason in ("unknown_instance", "missing_vllm_instance", "missing_cluster", "truncated"):
+            if reason in SKIPS_TO_WARN_OF:
                 log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
         return {"accepted": len(keep), **skipped}
 
@@ -142,7 +158,10 @@ class Remediator:
         name = engine.name
         self.engines[name] = engine
         self.admins[name] = AdminClient(self._session, engine.url, engine.admin_token(self._environ))
-        self.states[name] = saved.get(name, EngineState())
+        state = saved.get(name, EngineState())
+        self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
+        if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)
+            log.warning("%s: its saved state held an alert time in the future; dropped, so alerts act again", name)
         self._apply_backoff[name], self._observe_backoff[name] = Backoff(), Backoff()
 
     # --- the worker ------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@
 - ``<state_path>.actions.jsonl``: one line per action and per attempt to apply
   it, appended and flushed; ``tail -f`` it at 3 a.m.
 
+Both are bounded: a decided delivery is deleted after ``INBOX_KEEP_SECONDS``, and
+the action log moves to ``.1`` (one generation kept) at ``ACTION_LOG_MAX_BYTES``.
+
 The connection is used from one thread at a time (the hook's event loop).
 """
 
@@ -26,6 +29,9 @@ from pathlib import Path
 
 from batchlens.control.steering import Steering
 from batchlens.remediation.breaker import EngineState
+
+INBOX_KEEP_SECONDS = 7 * 86400.0  # decided deliveries kept a week, for the 3 a.m. question "what came in?"
+ACTION_LOG_MAX_BYTES = 16 * 2**20
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS engines (
@@ -101,8 +107,12 @@ class Store:
         self._upsert("controllers", instance, state.to_dict(), now)
 
     def accept(self, deliveries: list[Delivery]) -> None:
-        """Write a notification's deliveries in one transaction (all or none)."""
+        """Write a notification's deliveries in one transaction (all or none), and forget old decided ones."""
+        if not deliveries:
+            return
+        now = max(d.received_at for d in deliveries)
         with self._transaction():
+            self._db.execute("DELETE FROM inbox WHERE done_at < ?", (now - INBOX_KEEP_SECONDS,))
             self._db.executemany(
                 "INSERT INTO inbox (received_at, vllm_instance, alertname, status, starts_at, fingerprint) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
@@ -136,6 +146,8 @@ class Store:
         )
 
     def log_action(self, entry: dict) -> None:
+        if self.action_log.exists() and self.action_log.stat().st_size >= ACTION_LOG_MAX_BYTES:
+            self.action_log.replace(self.action_log.with_name(self.action_log.name + ".1"))
         with self.action_log.open("a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
             f.flush()

@@ -10,7 +10,7 @@ log and never silently dropped.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Literal
 
@@ -21,6 +21,10 @@ from batchlens.remediation.store import Delivery
 BREAKER_ALERT = "VllmP99LatencyBreaker"
 KV_ALERT = "VllmKvCacheBlocksHigh"
 MAX_ALERTS = 1000  # Alertmanager's own max_alerts is unlimited by default; a group this big is a bug upstream
+MAX_FINGERPRINT = 64  # Alertmanager's are 16 hex digits: anything longer is not from it, and is not stored
+#: How far in the future a startsAt may be (clock skew between Prometheus and this host). A later one is refused:
+#: kept, it would mark every real firing before it "already resolved", or hold a resolution off for good.
+MAX_FUTURE_SECONDS = 300.0
 
 
 class WebhookAlert(BaseModel):
@@ -31,7 +35,7 @@ class WebhookAlert(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
     startsAt: datetime
     endsAt: datetime | None = None
-    fingerprint: str = ""
+    fingerprint: str = Field("", max_length=MAX_FINGERPRINT)
 
 
 class WebhookPayload(BaseModel):
@@ -52,13 +56,22 @@ def deliveries(
     instances: Collection[str],
     alertnames: Collection[str],
     cluster: str = "",
+    namespace_of: Mapping[str, str] | None = None,
+    scope: Collection[str] | None = None,
 ) -> tuple[list[Delivery], Counter[str]]:
     """The deliveries to act on, and a count of the alerts skipped, by reason.
 
     With ``cluster`` set, only alerts labelled with that cluster are acted on: an Alertmanager shared by
     several clusters (or a Thanos/Mimir ruler above them) may send another cluster's engine of the same name.
+
+    An engine in a namespace (``namespace_of``, a discovered one) is acted on only by an alert labelled with that
+    namespace, and, with ``scope`` (the namespaces whose tenant's token sent the notification), only when it is
+    one of them: a tenant's credential never reaches another tenant's engines.
+
+    One notification gives at most one delivery per engine, alert and status, the newest ``startsAt``: all the
+    breaker needs. The rest are counted ``duplicate``, so that a thousand copies cost one row of the inbox.
     """
-    keep: list[Delivery] = []
+    keep: dict[tuple[str, str, str], Delivery] = {}
     skipped: Counter[str] = Counter()
     if payload.truncatedAlerts:
         skipped["truncated"] += payload.truncatedAlerts  # never sent to us: counted so that it shows
@@ -75,6 +88,17 @@ def deliveries(
             skipped["missing_vllm_instance"] += 1
         elif instance not in instances:
             skipped["unknown_instance"] += 1
+        elif scope is not None and (namespace_of or {}).get(instance, "") not in scope:
+            skipped["other_namespace"] += 1
+        elif (namespace_of or {}).get(instance, "") not in ("", alert.labels.get("namespace")):
+            skipped["namespace_mismatch"] += 1
+        elif alert.startsAt.timestamp() > now + MAX_FUTURE_SECONDS:
+            skipped["future_starts_at"] += 1
         else:
-            keep.append(Delivery(now, instance, name, alert.status, alert.startsAt.timestamp(), alert.fingerprint))
-    return keep, skipped
+            delivery = Delivery(now, instance, name, alert.status, alert.startsAt.timestamp(), alert.fingerprint)
+            key = (instance, name, alert.status)
+            if key in keep:
+                skipped["duplicate"] += 1
+            if key not in keep or delivery.starts_at > keep[key].starts_at:
+                keep[key] = delivery
+    return list(keep.values()), skipped

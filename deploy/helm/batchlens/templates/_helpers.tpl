@@ -58,10 +58,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "http://%s-remediate.%s.svc:%d/alertmanager" (include "batchlens.fullname" .) .Release.Namespace (int .Values.remediate.port) -}}
 {{- end -}}
 
-{{/* The namespaces that get an AlertmanagerConfig (the operator matches alerts to its own namespace). */}}
+{{/* The namespaces that get an AlertmanagerConfig (the operator matches alerts to its own namespace): the
+engines' own, where their series and so their alerts are labelled; the release's with no engine anywhere. */}}
 {{- define "batchlens.alertNamespaces" -}}
-{{- $namespaces := .Values.alertmanagerConfig.namespaces | default (list .Release.Namespace) -}}
-{{- toJson (uniq $namespaces) -}}
+{{- $namespaces := include "batchlens.adminTokenNamespaces" . | fromJsonArray -}}
+{{- toJson ($namespaces | default (list .Release.Namespace)) -}}
 {{- end -}}
 
 {{/*
