@@ -78,12 +78,13 @@ mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, and what routing is worth
+bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, what routing is worth, the controller on real vLLM
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/routing.py
+	$(BIN)/python benchmarks/control_vllm.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist src/*.egg-info

@@ -9,6 +9,7 @@ expected (harness/misbehaving.py), files that are not what they should be.
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 import subprocess
@@ -186,9 +187,9 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     (tmp / "empty.jsonl").write_text("")
     silent, html, refused = SilentServer(), HtmlServer(), free_port()
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        # within demo's --port-offset range above its base port 8000 (an ephemeral port may be past it)
+        port = next(p for p in random.sample(range(20_000, 50_000), 200) if _binds(taken, p))
         taken.listen()
-        port = taken.getsockname()[1]
         yield {
             "tmp": str(tmp), "text": str(tmp / "text"), "yaml": str(tmp / "broken.yaml"),
             "engines": str(tmp / "engines.yaml"), "empty": str(tmp / "empty.yaml"),
@@ -204,6 +205,14 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         }  # fmt: skip
     silent.close()
     html.close()
+
+
+def _binds(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize(

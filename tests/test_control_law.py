@@ -190,7 +190,7 @@ def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
             assert new == max(math.floor(win.running * TUNING.kv_target / win.kv_usage), limit - step, TUNING.min_limit)
         case "past_peak":
             peak = decision.state.peak
-            assert new == max(math.ceil(peak.batch), limit - step) and new <= limit
+            assert new == max(math.ceil(peak.batch), limit - step, TUNING.min_limit) and new <= limit
             assert decision.state.ceiling is not None and decision.state.ceiling_until == now + TUNING.peak_seconds
         case "idle" | "app_limited":
             assert new == limit and win.waiting == 0 and win.running < limit / 2

@@ -299,8 +299,12 @@ def test_doctor_on_this_machine():
         for check in gpu_checks:
             assert outcomes[check]["status"] == SKIP and "NVML" in outcomes[check]["found"]
             expected[check] = SKIP
-        expected["host.cpu_affinity"] = SKIP  # no GPU, so no NUMA node to hold vLLM's CPUs to
-        assert outcomes["host.cpu_affinity"]["status"] == SKIP, outcomes["host.cpu_affinity"]
+        # No GPU, so no GPU's NUMA node to hold vLLM's CPUs to: it skips, unless a vLLM runs here (another test's,
+        # on another worker) on a machine of one NUMA node, where every CPU is local.
+        cpu = outcomes["host.cpu_affinity"]
+        one_node = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) <= 1
+        assert cpu["status"] == SKIP or (one_node and cpu["status"] == PASS and "one NUMA node" in cpu["found"]), cpu
+        expected["host.cpu_affinity"] = cpu["status"]
         # The exit code from what this machine is, judged above by hand: not from what the command printed.
         statuses = set(expected.values())
         assert done.returncode == (1 if FAIL in statuses else 3 if WARN in statuses else 0), done.stderr

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from batchlens.artifacts import chart_files, rule_groups
-from batchlens.config import load_config
+from batchlens.config import ConfigError, load_config
 from harness.helm import (
     CHART,
     NAMESPACE,
@@ -36,6 +36,7 @@ from harness.helm import (
     operator_alertmanager_config,
     render,
 )
+from harness.pod_security import restricted_violations
 from harness.prometheus import require_binary
 
 OPERATOR_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor", "AlertmanagerConfig"}
@@ -216,13 +217,6 @@ def test_the_remediation_service_is_one_recreated_replica_with_its_state_on_a_cl
     [claim] = of_kind(docs, "PersistentVolumeClaim")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["state"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
-    [policy] = of_kind(docs, "NetworkPolicy")
-    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-    [ingress] = policy["spec"]["ingress"]
-    assert [p["port"] for p in ingress["ports"]] == [9401]
-    assert {"app.kubernetes.io/name": "alertmanager"} in [f["podSelector"]["matchLabels"] for f in ingress["from"]]
-    egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
-    assert egress_ports == {8000, 9093, 53, 443, 6443}  # the engines, Alertmanager, DNS, the API server
 
 
 def test_discovery_needs_the_engines_namespaces() -> None:
@@ -357,3 +351,124 @@ def test_the_vllm_examples_switch_the_plugin_on_with_the_token_the_chart_reads()
         named = {e["name"]: e for e in env}
         assert named["VLLM_PLUGINS"]["value"] == "batchlens"
         assert named["BATCHLENS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret
+
+
+def test_the_pods_meet_pod_security_restricted_but_for_the_exporters_one_documented_exception(rendered) -> None:
+    """The remediation service always; the exporter without the kubelet's pod-resources socket. With it (the
+    default), exactly the two things that socket needs fail, and docs/security.md says so."""
+    for name, docs in rendered.items():
+        [remediate] = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-remediate")]
+        assert restricted_violations(remediate["spec"]["template"]["spec"]) == [], name
+    without = objects({"discovery": {"namespaces": ["serving"]}, "exporter": {"podResources": {"enabled": False}}})
+    [exporter] = of_kind(without, "DaemonSet")
+    assert restricted_violations(exporter["spec"]["template"]["spec"]) == []
+    [exporter] = of_kind(rendered["default-values"], "DaemonSet")
+    assert restricted_violations(exporter["spec"]["template"]["spec"]) == [
+        "volume types: pod-resources is hostPath",
+        "running as non-root: exporter must set runAsNonRoot: true",
+        "running as non-root user: exporter runs as UID 0",
+    ]
+    security = (ROOT / "docs" / "security.md").read_text()
+    assert "pod-resources" in security and "restricted" in security
+
+
+def test_the_restricted_check_catches_what_the_standard_forbids() -> None:
+    good = {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
+                                                             "capabilities": {"drop": ["ALL"]}}}]}  # fmt: skip
+    assert restricted_violations(good) == []
+    no_seccomp = {**good, "securityContext": {"runAsNonRoot": True}}
+    [missing] = restricted_violations(no_seccomp)
+    assert missing == "seccomp: c needs seccompProfile RuntimeDefault or Localhost, has None"
+    host = {**good, "hostPID": True, "volumes": [{"name": "proc", "hostPath": {"path": "/proc"}}]}
+    assert restricted_violations(host) == ["host namespaces: hostPID", "volume types: proc is hostPath"]
+
+
+def peer(namespace: str, **labels: str) -> dict:
+    """A NetworkPolicy peer: pods with these labels in the namespace of this name (a label nobody can set)."""
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "podSelector": {"matchLabels": labels}}  # fmt: skip
+
+
+def tcp(*ports: int) -> list[dict]:
+    return [{"port": p, "protocol": "TCP"} for p in ports]
+
+
+DNS = {"to": [peer("kube-system", **{"k8s-app": "kube-dns"})], "ports": [{"port": 53, "protocol": "UDP"}, *tcp(53)]}
+
+
+def test_the_network_policies_allow_exactly_what_the_docs_say(rendered) -> None:
+    """Issue 30: ingress from any namespace by a label anyone sets, egress to any pod on 8000, DNS anywhere, and
+    no policy for the exporter. Each rule here is stated by hand, as docs/kubernetes.md states it."""
+    vllm = {"app.kubernetes.io/name": "vllm"}
+    monitoring = NAMESPACE  # the release's, by default
+    policies = {p["metadata"]["name"].rsplit("-", 1)[1]: p["spec"] for p in of_kind(rendered["default-values"],
+                                                                                     "NetworkPolicy")}  # fmt: skip
+    engines = {"to": [peer("serving", **vllm)], "ports": tcp(8000)}
+    api = {"ports": tcp(443, 6443)}  # no cidrs given: open by port, and the NOTES say so
+    assert policies["remediate"]["ingress"] == [{
+        "from": [peer(monitoring, **{"app.kubernetes.io/name": "alertmanager"}),
+                 peer(monitoring, **{"app.kubernetes.io/name": "prometheus"})],
+        "ports": tcp(9401)}]  # fmt: skip
+    assert policies["remediate"]["egress"] == [
+        engines,
+        {"to": [peer(monitoring, **{"app.kubernetes.io/name": "alertmanager"})], "ports": tcp(9093)},
+        api,
+        DNS,
+    ]
+    assert policies["exporter"]["ingress"] == [
+        {"from": [peer(monitoring, **{"app.kubernetes.io/name": "prometheus"})], "ports": tcp(9400)}
+    ]
+    assert policies["exporter"]["egress"] == [engines, api, DNS]
+    assert all(set(p["policyTypes"]) == {"Ingress", "Egress"} for p in policies.values())
+    assert "egress to 443/6443 is open to any" in render(VALUES["default-values"])[f"{CHART.name}/templates/NOTES.txt"]
+
+    # every engine namespace by name, the selector and port discovery uses, the API server by address
+    full = {p["metadata"]["name"].rsplit("-", 1)[1]: p["spec"] for p in of_kind(rendered["all-enabled-values"],
+                                                                                 "NetworkPolicy")}  # fmt: skip
+    [engine_rule, _am, api_rule, _dns, extra] = full["remediate"]["egress"]
+    assert engine_rule == {"to": [peer("serving", **vllm), peer("serving-canary", **vllm)], "ports": tcp(8000)}
+    assert api_rule == {"ports": tcp(443, 6443), "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}
+    assert extra["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+    assert full["exporter"]["ingress"][0]["from"] == [peer("monitoring", **{"app.kubernetes.io/name": "prometheus"})]
+    stack = {p["metadata"]["name"].rsplit("-", 1)[1]: p["spec"] for p in of_kind(rendered["production-stack-values"],
+                                                                                  "NetworkPolicy")}  # fmt: skip
+    assert stack["exporter"]["egress"][0] == {"to": [peer("serving", **{"helm-release-name": "vllm"})],
+                                              "ports": tcp(8000)}  # fmt: skip
+
+
+def test_as_installed_the_breaker_can_act_and_page(rendered) -> None:
+    """Issue 30, "the chart works as installed": with its defaults and the engines' namespace, the token reaches
+    both sides (the vLLM pods' Secret, the service's config naming it), pages go to the operator's Alertmanager
+    and the policy lets them, and the config the pods read is one batchlens accepts."""
+    docs = rendered["default-values"]
+    [configmap] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    config = yaml.safe_load(next(iter(configmap["data"].values())))
+    assert (
+        load_config(None, config, {}).remediate.alertmanager_url == f"http://alertmanager-operated.{NAMESPACE}.svc:9093"
+    )
+    secret = config["kubernetes"]["admin_token_secret"]
+    made = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == secret]
+    assert [s["metadata"]["namespace"] for s in made] == ["serving"] and {"token", "webhook-token"} <= set(
+        made[0]["data"]
+    )
+    policy = next(p["spec"] for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-remediate"))
+    assert {"to": [peer(NAMESPACE, **{"app.kubernetes.io/name": "alertmanager"})], "ports": tcp(9093)} in policy[
+        "egress"
+    ]
+    other = objects({"discovery": {"namespaces": ["serving"]}, "monitoringNamespace": "kps",
+                     "remediate": {"alertmanagerUrl": "http://am.example:9093"}})  # fmt: skip
+    [configmap] = [c for c in of_kind(other, "ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    assert yaml.safe_load(next(iter(configmap["data"].values())))["remediate"]["alertmanager_url"] == (
+        "http://am.example:9093"
+    )
+
+
+def test_a_misspelt_config_section_fails_the_render_and_a_misspelt_key_names_itself_when_the_pod_starts() -> None:
+    scoped = {"discovery": {"namespaces": ["serving"]}}
+    with pytest.raises(Exception, match=r"config.contol is not a batchlens setting: config takes .*control"):
+        render({**scoped, "config": {"contol": {"enabled": True}}})
+    docs = objects({**scoped, "config": {"control": {"enabld": True}}})
+    [configmap] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-config")]
+    with pytest.raises(ConfigError, match=r"control\.enabld"):  # what the pods log, and exit on
+        load_config(None, yaml.safe_load(next(iter(configmap["data"].values()))), {})

@@ -85,6 +85,18 @@ def test_streaming_sends_one_event_per_token_then_usage_and_done(sim: SimulatorP
         ({"model": MODEL, "prompt": []}, 400, "prompt must be"),
         (b'{"model": "deepseek-sim", "prompt": "' + b"x" * (17 * 1024 * 1024) + b'"}', 413, "larger than"),
     ],
+    # short ids: pytest puts the id in PYTEST_CURRENT_TEST, and 17 MiB of it in the environment would not exec
+    ids=[
+        "not-json",
+        "not-an-object",
+        "unknown-model",
+        "zero-tokens",
+        "negative-tokens",
+        "string-tokens",
+        "too-long",
+        "empty-prompt",
+        "17MiB",
+    ],
 )
 def test_hostile_requests_get_openai_errors_and_the_server_keeps_serving(sim, payload, status, says) -> None:
     got, reply = sim.post("/v1/completions", payload)
