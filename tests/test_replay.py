@@ -19,7 +19,7 @@ from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
 from batchlens.replay.output import arrival_rate, figure, table
 from batchlens.replay.policies import Static, oracle_limits, parse_policy
-from batchlens.replay.simulated import Run, replay
+from batchlens.replay.simulated import Run, oracle, replay
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
@@ -176,6 +176,24 @@ def test_the_breaker_policy_acts_on_its_alert_as_the_hook_does() -> None:
     assert overloaded.limits[1][0] >= EVALUATION_SECONDS, "nothing acts before the first rule evaluation"
     calm = replay(poisson(1, 60), engine(), BreakerPolicy(), SLO)
     assert calm.decisions == {} and calm.limits == [(0.0, 128)]
+
+
+def test_the_oracle_is_the_best_of_the_limits_it_tries_each_replayed_here_on_its_own() -> None:
+    """Issue 29 finding 7: the oracle against static limits it had itself replayed proved nothing. Here every
+    limit it names as tried is replayed apart, and its pick must be the one with the most goodput."""
+    trace = poisson(5, 60)
+    best, tried = oracle(trace, lambda: engine(64), SLO)
+    tried_limits = sorted(int(r.policy.removeprefix("static:")) for r in tried)
+    assert set(oracle_limits(64)) <= set(tried_limits)  # the powers of two and the capacity, then neighbours
+    by_hand = {n: replay(trace, engine(64), Static(n), SLO).judgement.goodput_rps for n in tried_limits}
+    assert best.judgement.goodput_rps == max(by_hand.values()), (best.policy, by_hand)
+    assert by_hand[int(best.policy.removeprefix("static:"))] == best.judgement.goodput_rps
+    assert len(set(by_hand.values())) > 1, "a trace where every limit serves the same proves nothing"
+    # and it searched where its docstring says: the midpoints on either side of the best of the first sweep
+    powers = oracle_limits(64)
+    top = max(powers, key=by_hand.__getitem__)
+    at = powers.index(top)
+    assert {(top + n) // 2 for n in powers[max(0, at - 1) : at] + powers[at + 1 : at + 2]} <= set(tried_limits)
 
 
 def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_default(tmp_path: Path) -> None:

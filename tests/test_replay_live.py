@@ -12,6 +12,7 @@ import time
 import pytest
 
 from harness.exporter import scraped_sum
+from harness.misbehaving import RefusingServer
 from harness.replay import replay, write_trace
 from harness.simulator import SimulatorProcess
 
@@ -65,3 +66,20 @@ def test_an_engine_dying_mid_replay_ends_it_with_what_was_measured(tmp_path) -> 
     assert total["sent"] == result["sent"] == total["answered"] + sum(total["failed"].values())
     assert total["failed"].get("connect", 0) >= 5, total  # the deaths that ended it, each counted by reason
     assert time.monotonic() - started < 15, "it stops at the death, not at the end of the trace"
+
+
+def test_requests_refused_at_the_door_are_counted_apart_by_status(tmp_path) -> None:
+    """Issue 29 finding 2: a live run's `refused` was always 0. A server that answers 503 and 429 in turn (an
+    admission cap, a rate limit): every request is refused, none failed, none answered, and none is good."""
+    trace = tmp_path / "trace.jsonl"
+    count = write_trace(trace, seconds=2, rate=10)
+    server = RefusingServer()
+    try:
+        done = replay(trace, server.url + "/v1", "--served-model", "m")
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    refused = {"http_503": (count + 1) // 2, "http_429": count // 2}
+    assert result["accounting"]["total"] == {"sent": count, "answered": 0, "refused": refused, "failed": {}}
+    assert result["policies"][0]["good"] == 0

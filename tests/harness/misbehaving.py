@@ -1,4 +1,5 @@
-"""Servers that are not what a command expects: one that accepts and never answers, one that speaks HTML.
+"""Servers that are not what a command expects: one that accepts and never answers, one that speaks HTML, one
+that refuses every request at the door (503 and 429, as an admission cap or a rate limit answers).
 
 Real sockets in a background thread of the test process; the fake boundary is the server itself
 (a Prometheus, a vLLM or an exporter is what the command thinks it reaches).
@@ -58,6 +59,40 @@ class HtmlServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Html)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True, name="html-server").start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    counter = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with self.lock:  # one server thread per request: 503, 429, 503, ... in arrival order
+            type(self).counter += 1
+            status = 503 if type(self).counter % 2 else 429
+        body = b'{"error": {"message": "refused", "type": "ServiceUnavailable", "code": %d}}' % status
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args) -> None:
+        pass
+
+
+class RefusingServer:
+    """Answers every POST at once with 503 and 429 in turn: an engine at its admission cap, a proxy's limit."""
+
+    def __init__(self) -> None:
+        handler = type("Handler", (_Refusing,), {"counter": 0, "lock": threading.Lock()})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="refusing-server").start()
 
     def close(self) -> None:
         self._server.shutdown()
