@@ -16,7 +16,7 @@ import yaml
 from batchlens.cli import main
 from batchlens.config import load_config
 from batchlens.stack import SERVICES, compose
-from harness.compose import COMPOSE, batchlens_services, interpolate
+from harness.compose import COMPOSE, ENV_EXAMPLE, batchlens_services, interpolate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,6 +102,28 @@ def test_no_secret_is_committed() -> None:
         for key, value in service.get("environment", {}).items():
             if "TOKEN" in key or "PASSWORD" in key or key.endswith("_KEY"):
                 assert str(value).startswith("${"), f"{name}: {key} is written in the file, not taken from .env"
+
+
+#: The secrets each service may hold (issue 30: `env_file: .env` gave Grafana and vLLM every one of them).
+SECRETS_OF = {
+    "prometheus": set(),
+    "alertmanager": set(),
+    "batchlens-report": set(),  # the token reaches Alertmanager as a file
+    "grafana": {"GF_SECURITY_ADMIN_PASSWORD"},
+    "batchlens-remediate": {"BATCHLENS_ADMIN_TOKEN", "BATCHLENS_WEBHOOK_TOKEN"},
+    "litellm": {"LITELLM_MASTER_KEY"},
+    "batchlens-load": {"LITELLM_MASTER_KEY", "BATCHLENS_ADMIN_TOKEN"},
+    "vllm": {"BATCHLENS_ADMIN_TOKEN", "HF_TOKEN"},
+}
+
+
+def test_each_service_gets_only_the_secrets_it_needs() -> None:
+    secrets = {k for k in ENV_EXAMPLE if "TOKEN" in k or "PASSWORD" in k or k.endswith("_KEY")}
+    for name, service in COMPOSE["services"].items():
+        assert "env_file" not in service, f"{name}: env_file hands it every secret in .env"
+        held = secrets & set(service.get("environment", {}))
+        allowed = SECRETS_OF.get(name, {"BATCHLENS_ADMIN_TOKEN"})  # the exporter and the simulators: engines
+        assert held <= allowed, f"{name} holds {sorted(held - allowed)}"
 
 
 def test_the_image_runs_as_a_user_with_a_healthcheck() -> None:
