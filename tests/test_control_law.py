@@ -353,3 +353,19 @@ def test_the_bounds_may_pin_the_limit_and_a_crossed_pair_is_named() -> None:
     assert decide(State(8), w(running=8, waiting=50, pace=0.02), 100, SLO, pinned).limit == 8
     with pytest.raises(ValueError, match="need 1 <= min_limit <= max_limit, got 9 and 8"):
         Tuning(min_limit=9, max_limit=8)
+
+
+def test_what_each_move_leaves_in_the_state_stated_by_hand() -> None:
+    """The state a decision leaves for the next window: the drain after a KV cut, the ceiling a fall keeps,
+    the fall count reset by a window that is not one, and slow start's doubling where max_step allows it."""
+    kv = decide(State(40), w(running=40, kv=0.98, pace=0.05), 100, SLO, TUNING)
+    assert (kv.reason, kv.limit, kv.state.hold_until) == ("kv_ceiling", 36, 105.0)
+    # a second fall while an earlier ceiling (40) still holds: the ceiling stays the lower of the two
+    again = decide(State(48, peak=PEAK, below=1, ceiling=40, ceiling_until=150),
+                   w(running=48, waiting=9, pace=0.06, tps=800), 100, SLO, TUNING)  # fmt: skip
+    assert (again.reason, again.limit, again.state.ceiling, again.state.below) == ("past_peak", 32, 40, 0)
+    assert again.state.peak == replace(PEAK, at=100)  # the peak is seen again: its clock restarts
+    calm = decide(State(48, peak=PEAK, below=1), w(running=48, waiting=9, pace=0.095, tps=900), 100, SLO, TUNING)
+    assert (calm.reason, calm.state.below) == ("steady", 0), "a window that is not a fall resets the count"
+    wide = Tuning(min_limit=2, max_limit=64, max_step=2.0, drain_seconds=5.0)
+    assert decide(State(8), w(running=8, waiting=50, pace=0.02), 100, SLO, wide).limit == 16  # doubling, no more

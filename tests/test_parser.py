@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from batchlens.exporter.parser import ExpositionReader, Family, ParseError, escape_label_value, sample_timestamp_ms
+from batchlens.exporter.parser import (
+    ExpositionReader,
+    Family,
+    ParseError,
+    escape_label_value,
+    sample_timestamp_ms,
+    unescape_label_value,
+)
 
 # --- the comparison -------------------------------------------------------------------------------
 
@@ -232,3 +239,15 @@ def test_cache_follows_the_targets_cardinality() -> None:
     for i in range(200):  # every exposition brings 50 new series
         reader.parse("".join(f'churn{{id="{i}-{j}"}} 1\n' for j in range(50)))
         assert len(reader._cache) <= 2 * 51 + 64 + 50
+
+
+def test_label_values_escape_as_the_text_format_says_stated_by_hand() -> None:
+    raw = 'C:\\models\\7b "chat"\nv2'
+    wire = 'C:\\\\models\\\\7b \\"chat\\"\\nv2'  # backslash, double quote and line feed, each escaped
+    assert escape_label_value(raw) == wire and unescape_label_value(wire) == raw
+    assert unescape_label_value("plain") == "plain"
+
+
+def test_a_parse_error_names_the_line_and_shows_at_most_120_characters_of_it() -> None:
+    assert str(ParseError(3, "x" * 120, "bad")) == f"line 3: bad: {'x' * 120!r}"
+    assert str(ParseError(4, "y" * 121, "bad")) == f"line 4: bad: {'y' * 117 + '...'!r}"
