@@ -129,6 +129,13 @@ def steer_against_statics(tmp_path: Path, server: VllmServer) -> Comparison:
             hook.stop()
     finally:
         admin.set_limit(CAPACITY)
-    moves = sum(v for (name, labels), v in decisions.items()
-                if name == "batchlens_controller_decisions_total" and dict(labels).get("reason") in MOVING)  # fmt: skip
-    return Comparison(count, static, steered, seen, moves)
+    return Comparison(count, static, steered, seen, moves(decisions))
+
+
+def moves(samples: dict) -> int:
+    """The controller's decisions that moved a limit, from the hook's /metrics samples."""
+    counted = 0.0
+    for (name, labels), value in samples.items():
+        if name == "batchlens_controller_decisions_total" and dict(labels).get("reason") in MOVING:
+            counted += value
+    return int(counted)
