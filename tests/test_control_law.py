@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 from dataclasses import replace
+from random import Random
 
 import pytest
 from hypothesis import find, given, settings
@@ -163,8 +164,11 @@ REASONS = ("drain", "pace_over", "kv_ceiling", "idle", "app_limited", "past_peak
 
 @pytest.mark.parametrize("reason", REASONS)
 def test_every_branch_of_the_law_is_within_the_property_tests_reach(reason: str) -> None:
+    # A fixed seed: the search is the same on every run (a random one missed past_peak in 5000 draws once);
+    # the property tests below still draw at random.
     found = find(situations(), lambda s: decide(*s[:2], s[2], SLO, TUNING).reason == reason,
-                 settings=settings(max_examples=5000, deadline=None, database=None))  # fmt: skip
+                 settings=settings(max_examples=5000, deadline=None, database=None),
+                 random=Random(REASONS.index(reason)))  # fmt: skip
     assert decide(*found[:2], found[2], SLO, TUNING).reason == reason
 
 
