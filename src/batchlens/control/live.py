@@ -20,14 +20,12 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
-
 from batchlens.config import Config
 from batchlens.control.signals import EngineSample, Window, read_sample, window
 from batchlens.control.steering import Steering, Tick, steer
+from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
-from batchlens.exporter.vllm_source import fetch_text
 from batchlens.goodput import Slo
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.breaker import EngineState
@@ -48,14 +46,13 @@ class Controller:
         self,
         config: Config,
         store: Store,
-        session: aiohttp.ClientSession,
         admins: Mapping[str, AdminClient],
         on_decided: Callable[[], None] = lambda: None,
     ):
         self.control = config.control
         self.slo = Slo(config.slo.ttft_seconds, config.slo.tpot_seconds)
         self.store = store
-        self._session = session
+        self._http = HttpGetter()  # the exporter's GET: one pool of kept-alive connections to the engines
         self._admins = admins
         self._limit = config.exporter.max_response_bytes
         self._urls = {e.name: e.url + "/metrics" for e in config.engines}
@@ -140,8 +137,10 @@ class Controller:
             self._failing[name] = why
 
     async def _fetch(self, name: str) -> str:
-        return await fetch_text(self._session, self._urls[name], timeout=self.control.timeout_seconds,
-                                limit=self._limit)  # fmt: skip
+        return await self._http.text(self._urls[name], timeout=self.control.timeout_seconds, limit=self._limit)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
 
     def _remember(self, name: str, sample: EngineSample) -> Window | None:
         """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""

@@ -17,6 +17,7 @@ written inside the histogram, for example).
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Mapping
@@ -109,6 +110,7 @@ _Meta = tuple[str, str, str, frozenset[str], str]
 _COMMENT: _Meta = ("", "", "", frozenset(), "")
 
 
+@functools.lru_cache(maxsize=4096)  # shared by every engine's reader: they all serve the same families
 def _allowed_names(name: str, typ: str | None) -> frozenset[str]:
     return frozenset(name + suffix for suffix in _SUFFIXES.get(typ or "", ("",)))
 
@@ -183,7 +185,10 @@ class ExpositionReader:
         return families
 
     def _parse_meta(self, line: str, lineno: int) -> _Meta:
-        parts = line.split(None, 3)
+        # Interned, here and in _parse_series: every engine of a fleet sends the same text, and each
+        # reader's cache would otherwise hold its own copy of it.
+        line = sys.intern(line)
+        parts = [sys.intern(part) for part in line.split(None, 3)]
         if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
             meta: _Meta = _COMMENT
         else:
@@ -191,11 +196,11 @@ class ExpositionReader:
             if not _METRIC_NAME.match(name):
                 raise ParseError(lineno, line, "invalid metric name")
             if kind == "HELP":
-                meta = (kind, name, parts[3] if len(parts) == 4 else "", frozenset(), line + "\n")
+                meta = (kind, name, parts[3] if len(parts) == 4 else "", frozenset(), sys.intern(line + "\n"))
             elif len(parts) < 4:
                 raise ParseError(lineno, line, "TYPE line without a type")
             else:
-                meta = (kind, name, parts[3], _allowed_names(name, parts[3]), line + "\n")
+                meta = (kind, name, parts[3], _allowed_names(name, parts[3]), sys.intern(line + "\n"))
         self._cache[line] = meta
         return meta
 
@@ -209,6 +214,7 @@ class ExpositionReader:
         if not _METRIC_NAME.match(name):
             raise ParseError(lineno, line, "invalid metric name")
         labels = _parse_labels(inner, lineno, line) if inner is not None else ()
+        key = sys.intern(key)
         series = self._cache[key] = Series(sys.intern(name), key, self._export(name, inner, labels))
         return series
 

@@ -9,10 +9,8 @@ interval, and ``batchlens_source_up{source="litellm"}`` says what it found
 
 from __future__ import annotations
 
-import aiohttp
-
+from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.snapshot import Reading
-from batchlens.exporter.vllm_source import fetch_text
 
 LIVENESS = "/health/liveliness"  # LiteLLM's spelling
 
@@ -21,9 +19,9 @@ class RouterSource:
     kind = "litellm"
     labels: tuple[tuple[str, str], ...] = ()
 
-    def __init__(self, url: str, session: aiohttp.ClientSession, *, timeout: float):
-        self._url, self._session, self._timeout = url + LIVENESS, session, timeout
+    def __init__(self, url: str, http: HttpGetter, *, timeout: float):
+        self._url, self._http, self._timeout = url + LIVENESS, http, timeout
 
     async def sample(self) -> Reading:
-        await fetch_text(self._session, self._url, timeout=self._timeout, limit=64 * 1024)
+        await self._http.text(self._url, timeout=self._timeout, limit=64 * 1024)
         return Reading()

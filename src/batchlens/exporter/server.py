@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import signal
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
-import aiohttp
-from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batchlens import __version__
 from batchlens.config import Config, Engine, parse_listen
 from batchlens.discovery.kubernetes import DiscoverySource, PodLister, node_name
 from batchlens.exporter.host_source import HostSource
+from batchlens.exporter.http_get import HttpGetter
+from batchlens.exporter.http_serve import Answer, HttpServer, Route
 from batchlens.exporter.kubelet.client import PodResourcesClient
 from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.exporter.render import engine_roles, render
@@ -26,9 +29,10 @@ from batchlens.exporter.sampler import Sampler, Source, describe
 from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
 from batchlens.exporter.vllm_source import VllmSource
-from batchlens.http_server import get_app, run_app
 
 log = logging.getLogger("batchlens.exporter")
+
+_TRIM_SECONDS = 10.0
 
 _INDEX = """<html><head><title>batchlens exporter</title></head><body>
 <h1>batchlens exporter {version}</h1>
@@ -46,7 +50,7 @@ class Exporter:
         self._nvml_module = nvml
         self.store = SnapshotStore()
         self._environ = os.environ if environ is None else environ
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpGetter()
         self._executors: list[ThreadPoolExecutor] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._body_version = -1
@@ -71,11 +75,11 @@ class Exporter:
         self._executors.append(executor)
         return executor
 
-    def _vllm_source(self, engine: Engine, session: aiohttp.ClientSession) -> VllmSource:
+    def _vllm_source(self, engine: Engine) -> VllmSource:
         cfg = self.config.exporter
         source = VllmSource(
             engine,
-            session,
+            self._http,
             self._parser,
             timeout=cfg.timeout_seconds,
             max_response_bytes=cfg.max_response_bytes,
@@ -84,15 +88,15 @@ class Exporter:
         self._engines[engine.name] = source
         return source
 
-    def _sources(self, session: aiohttp.ClientSession) -> list[Source]:
+    def _sources(self) -> list[Source]:
         self._parser = self._worker("parse")
-        sources: list[Source] = [self._vllm_source(engine, session) for engine in self.config.engines]
+        sources: list[Source] = [self._vllm_source(engine) for engine in self.config.engines]
 
         def models() -> dict[str, str]:
             return {name: e.model_name for name, e in self._engines.items()}
 
         sources += [
-            SimulatedGpuSource(engine, session, timeout=self.config.exporter.timeout_seconds, models=models)
+            SimulatedGpuSource(engine, self._http, timeout=self.config.exporter.timeout_seconds, models=models)
             for engine in self.config.engines
             if engine.simulated_gpu
         ]
@@ -102,7 +106,7 @@ class Exporter:
         sources.append(HostSource(self.config.engines, self._worker("host")))
         if self.config.routing.proxy_url:
             sources.append(
-                RouterSource(self.config.routing.proxy_url, session, timeout=self.config.exporter.timeout_seconds)
+                RouterSource(self.config.routing.proxy_url, self._http, timeout=self.config.exporter.timeout_seconds)
             )
         if not self.config.exporter.nvml:
             return sources  # no NVML source, so no batchlens_source_up{source="nvml"} 0 to alert on
@@ -118,15 +122,13 @@ class Exporter:
         sources.append(self._nvml)
         return sources
 
-    async def start(self, _app: web.Application | None = None) -> None:
+    async def start(self) -> None:
         cfg = self.config.exporter
-        # Enough connections for two requests (metrics + admin) to every engine at once; with discovery the
-        # engines are not known yet, so no cap (each engine still has one request of each kind at a time).
-        limit = 0 if self._lister is not None else max(16, 4 * len(self.config.engines))
-        connector = aiohttp.TCPConnector(limit=limit)
-        self._session = aiohttp.ClientSession(connector=connector, headers={"User-Agent": f"batchlens/{__version__}"})
-        for source in self._sources(self._session):
+        # No cap on connections: each source has at most one request of each kind (metrics, admin) at a time.
+        for source in self._sources():
             self._tasks.append(self._sample(source, cfg.interval_seconds))
+        if (trim := _malloc_trim()) is not None:
+            self._tasks.append(asyncio.create_task(_trim_every(trim, _TRIM_SECONDS), name="malloc_trim"))
         names = ", ".join(f"{e.name}={e.url}" for e in self.config.engines) or "none"
         log.info("sampling every %gs; engines: %s", cfg.interval_seconds, names)
         k8s = self.config.kubernetes
@@ -156,12 +158,11 @@ class Exporter:
             if name not in changed:
                 log.info("engine %s is gone: no longer sampled", name)
         for name in wanted.keys() - self._discovered.keys():
-            assert self._session is not None
-            source = self._vllm_source(wanted[name], self._session)
+            source = self._vllm_source(wanted[name])
             self._discovered[name] = self._sample(source, self.config.exporter.interval_seconds)
             log.info("engine %s found at %s: sampling it", name, wanted[name].url)
 
-    async def stop(self, _app: web.Application | None = None) -> None:
+    async def stop(self) -> None:
         tasks = [*self._tasks, *self._discovered.values()]
         for task in tasks:
             task.cancel()
@@ -174,8 +175,7 @@ class Exporter:
             await self._lister.aclose()
         if self._nvml is not None:
             await self._nvml.aclose()
-        if self._session is not None:
-            await self._session.close()
+        await self._http.aclose()
         for executor in self._executors:
             executor.shutdown(wait=False, cancel_futures=True)
         self._executors.clear()
@@ -188,34 +188,55 @@ class Exporter:
             self._body, self._body_version = render(snapshot, self._static), snapshot.version
         return self._body
 
-    async def handle_metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self.body(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def metrics(self) -> Answer:
+        return Answer(200, CONTENT_TYPE_LATEST, self.body())
 
-    async def handle_healthz(self, _request: web.Request) -> web.Response:
+    def healthz(self) -> Answer:
         sources = [
             {"source": s.source, **dict(s.labels), "up": s.up, "last_success": s.last_success}
             for s in self.store.snapshot().states
         ]
-        return web.json_response({"status": "ok", "version": __version__, "sources": sources})
+        body = json.dumps({"status": "ok", "version": __version__, "sources": sources})
+        return Answer(200, "application/json; charset=utf-8", body.encode())
 
-    async def handle_index(self, _request: web.Request) -> web.Response:
-        return web.Response(text=_INDEX.format(version=__version__), content_type="text/html")
+    def routes(self) -> dict[str, Route]:
+        index = Answer(200, "text/html; charset=utf-8", _INDEX.format(version=__version__).encode())
+        return {"/metrics": self.metrics, "/healthz": self.healthz, "/": lambda: index}
 
-    def app(self) -> web.Application:
-        routes = {"/metrics": self.handle_metrics, "/healthz": self.handle_healthz, "/": self.handle_index}
-        return get_app(routes, start=self.start, stop=self.stop)
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+async def _trim_every(trim: Callable[[int], int], seconds: float) -> None:
+    # Every engine's exposition is parsed each tick in the parse thread, and glibc keeps the pages
+    # that thread's arena freed: a few MiB of resident memory per node, returned here.
+    while True:
+        await asyncio.sleep(seconds)
+        trim(0)
 
 
 def serve(config: Config, *, access_log: bool = False) -> None:
-    """Run the exporter until SIGINT or SIGTERM, then shut down cleanly."""
-    host, port = parse_listen(config.exporter.listen)
-    exporter = Exporter(config)
-    run_app(
-        exporter.app(),
-        host,
-        port,
-        logger=log,
-        ready=f"batchlens exporter {__version__} listening on http://{config.exporter.listen}/metrics",
-        access_log=log if access_log else None,
-        shutdown_timeout=5,
-    )
+    """Run the exporter until SIGINT or SIGTERM, then shut down cleanly; OSError when it cannot listen."""
+    asyncio.run(_run(Exporter(config), config.exporter.listen, access_log=access_log))
+
+
+async def _run(exporter: Exporter, listen: str, *, access_log: bool) -> None:
+    host, port = parse_listen(listen)
+    server = HttpServer(exporter.routes(), access_log=log if access_log else None)
+    await server.start(host, port)  # before the samplers start: a taken port must never read as a start
+    log.info("batchlens exporter %s listening on http://%s/metrics", __version__, listen)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    await exporter.start()
+    try:
+        await stopping.wait()
+    finally:
+        await server.close()
+        await exporter.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-import aiohttp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchlens.config import Engine
@@ -24,9 +23,9 @@ from batchlens.exporter.gpu_metrics import (
     GpuReading,
     gpu_families,
 )
+from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
-from batchlens.exporter.vllm_source import fetch_text
 
 GPU_PATH = "/batchlens/v1/sim/gpu"
 KIND = "simulated_gpu"
@@ -79,20 +78,20 @@ class SimulatedGpuSource:
     def __init__(
         self,
         engine: Engine,
-        session: aiohttp.ClientSession,
+        http: HttpGetter,
         *,
         timeout: float,
         models: Callable[[], Mapping[str, str]],
     ):
         self.engine = engine
         self.labels = (("vllm_instance", engine.name),)
-        self._session = session
+        self._http = http
         self._timeout = timeout
         self._models = models
 
     async def sample(self) -> Reading:
         url = self.engine.url + GPU_PATH
-        body = await fetch_text(self._session, url, timeout=self._timeout, limit=256 * 1024)
+        body = await self._http.text(url, timeout=self._timeout, limit=256 * 1024)
         try:
             report = SimGpus.model_validate_json(body)
         except ValidationError as exc:

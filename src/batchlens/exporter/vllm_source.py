@@ -14,12 +14,12 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Executor
 
-import aiohttp
 from pydantic import ValidationError
 
 from batchlens.admin_api import BATCH_PATH, BatchState, bearer
 from batchlens.config import Engine
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
+from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ExpositionReader, Family, ParseError
 from batchlens.exporter.render import family_blocks
 from batchlens.exporter.sampler import SourceError
@@ -32,54 +32,13 @@ _ADMIN_MAX_BYTES = 64 * 1024
 _ACCEPT = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
 
 
-async def fetch_text(
-    session: aiohttp.ClientSession,
-    url: str,
-    *,
-    timeout: float,
-    limit: int,
-    headers: Mapping[str, str] | None = None,
-) -> str:
-    """GET ``url`` and return its body as text, raising :class:`SourceError`.
-
-    The body is read in chunks and abandoned as soon as it passes ``limit``, so a
-    huge (or endless) reply costs at most ``limit`` bytes of memory.
-    """
-    try:
-        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            if resp.status != 200:
-                raise SourceError(f"http_{resp.status}", f"GET {url} answered HTTP {resp.status} {resp.reason or ''}")
-            if resp.content_length is not None and resp.content_length > limit:
-                raise _too_large(url, limit)
-            chunks, size = [], 0
-            async for chunk in resp.content.iter_chunked(64 * 1024):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(url, limit)
-    except TimeoutError:
-        raise SourceError("timeout", f"GET {url} took longer than {timeout:g}s") from None
-    except aiohttp.ClientConnectorError as exc:
-        raise SourceError("connect", f"cannot connect to {url}: {exc.os_error or exc}") from None
-    except aiohttp.ClientError as exc:
-        raise SourceError("protocol", f"GET {url} failed: {type(exc).__name__}: {exc}") from None
-    try:
-        return b"".join(chunks).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SourceError("parse", f"GET {url}: body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
-
-
-def _too_large(url: str, limit: int) -> SourceError:
-    return SourceError("too_large", f"GET {url}: body is larger than {limit} bytes (exporter.max_response_bytes)")
-
-
 class VllmSource:
     kind = "vllm"
 
     def __init__(
         self,
         engine: Engine,
-        session: aiohttp.ClientSession,
+        http: HttpGetter,
         executor: Executor | None = None,
         *,
         timeout: float,
@@ -89,7 +48,7 @@ class VllmSource:
         self.engine = engine
         self.labels = (("vllm_instance", engine.name), *sorted(engine.labels.items()))
         self._base = dict(self.labels)
-        self._session = session
+        self._http = http
         self._executor = executor
         self._timeout = timeout
         self._limit = max_response_bytes
@@ -102,7 +61,7 @@ class VllmSource:
         started = time.monotonic()
         url = self.engine.url + "/metrics"
         metrics, admin = await asyncio.gather(
-            fetch_text(self._session, url, timeout=self._timeout, limit=self._limit, headers=_ACCEPT),
+            self._http.text(url, timeout=self._timeout, limit=self._limit, headers=_ACCEPT),
             self._admin_state(),
         )
         fetched = time.monotonic()
@@ -136,9 +95,8 @@ class VllmSource:
         """The batch state, None where the server has no admin API, or a soft error."""
         url = self.engine.url + BATCH_PATH
         try:
-            body = await fetch_text(
-                self._session, url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=bearer(self._token)
-            )
+            headers = bearer(self._token)
+            body = await self._http.text(url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=headers)
             return BatchState.model_validate_json(body)
         except SourceError as exc:
             if exc.reason == "http_404":

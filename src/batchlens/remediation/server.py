@@ -205,6 +205,8 @@ class RemediationServer:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=10)
+        if self.remediator is not None and self.remediator.controller is not None:
+            await self.remediator.controller.aclose()
         if self._session is not None:
             await self._session.close()
         self.store.close()

@@ -111,7 +111,7 @@ class Remediator:
         self._kv_reset_at: dict[str, float] = {}
         self.wake = asyncio.Event()
         enabled = config.control.enabled
-        self.controller = Controller(config, store, session, self.admins, self.wake.set) if enabled else None
+        self.controller = Controller(config, store, self.admins, self.wake.set) if enabled else None
         self._quiet = min(1.0, config.control.interval_seconds) if self.controller else 1.0
 
     # --- the webhook's part: fast, no network ------------------------------------------------------------

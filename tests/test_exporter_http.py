@@ -1,0 +1,281 @@
+"""The exporter's own HTTP client and server (h11 on asyncio), over real loopback sockets.
+
+Fake boundary: the peers. Each test's other side is a raw asyncio socket server or client in this
+process, scripted byte for byte, so that a server closing a kept-alive connection, a redirect, or a
+request no client library would send can be staged exactly. The end-to-end paths (a real exporter
+process against engines) are in test_exporter_faults.py and test_exporter_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from batchlens.exporter.http_get import HttpGetter
+from batchlens.exporter.http_serve import Answer, HttpServer
+from batchlens.exporter.sampler import SourceError
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def ok(body: bytes, *extra: str) -> bytes:
+    head = ["HTTP/1.1 200 OK", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+async def peer(script: Script) -> tuple[str, asyncio.Server, list[bytes]]:
+    """A scripted server; returns its URL, the server and the requests it read (appended by the script)."""
+    server = await asyncio.start_server(script, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return f"http://127.0.0.1:{port}", server, []
+
+
+def run(coro: Awaitable) -> object:
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_a_kept_alive_connection_is_reused_and_one_the_server_closed_is_retried_fresh() -> None:
+    """uvicorn closes an idle connection after 5 s; a GET sent into it is sent again, once, on a new one."""
+    connections = []
+
+    async def main() -> list[str]:
+        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(writer)
+            await read_request(reader)
+            writer.write(ok(b"first"))
+            await writer.drain()
+            if len(connections) == 1:
+                await read_request(reader)  # the second request, on the same connection: kept alive
+                writer.write(ok(b"second"))
+                await writer.drain()
+                await read_request(reader)
+            writer.close()  # the third is never answered here: the server "timed out" the connection
+
+        url, server, _ = await peer(script)
+        getter = HttpGetter()
+        try:
+            return [await getter.text(url + "/metrics", timeout=5, limit=1024) for _ in range(3)]
+        finally:
+            await getter.aclose()
+            server.close()
+
+    assert run(main()) == ["first", "second", "first"]
+    assert len(connections) == 2  # one kept alive for two requests, a fresh one for the retry
+
+
+def test_a_server_that_never_answers_on_a_fresh_connection_is_a_protocol_error_not_a_retry_loop() -> None:
+    accepted = []
+
+    async def main() -> None:
+        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            await read_request(reader)
+            writer.close()
+
+        url, server, _ = await peer(script)
+        getter = HttpGetter()
+        try:
+            await getter.text(url + "/metrics", timeout=5, limit=1024)
+        finally:
+            await getter.aclose()
+            server.close()
+
+    with pytest.raises(SourceError) as err:
+        run(main())
+    assert err.value.reason == "protocol" and "without answering" in str(err.value)
+    assert accepted == [1]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason", "says"),
+    [
+        # A redirect is not followed: it would carry the admin token wherever the answer points.
+        (b"HTTP/1.1 302 Found\r\nLocation: http://203.0.113.9/steal\r\nContent-Length: 0\r\n\r\n", "http_302", "302"),
+        (ok(b"x" * 2000), "too_large", "larger than 1024 bytes"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n"
+            + b"y" * 1024
+            + b"\r\n400\r\n"
+            + b"y" * 1024,
+            "too_large",
+            "larger than 1024",
+        ),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "protocol", "not a valid HTTP/1.1 answer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", "protocol", "not a valid HTTP/1.1 answer"),
+        (ok(b"\xff\xfe binary"), "parse", "not UTF-8"),
+    ],
+    ids=["redirect", "content-length over the limit", "chunked over the limit", "not http", "cut short", "binary"],
+)
+def test_each_bad_answer_is_one_bounded_reason(answer: bytes, reason: str, says: str) -> None:
+    async def main() -> None:
+        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        url, server, _ = await peer(script)
+        getter = HttpGetter()
+        try:
+            await getter.text(url + "/metrics", timeout=5, limit=1024)
+        finally:
+            await getter.aclose()
+            server.close()
+
+    with pytest.raises(SourceError) as err:
+        run(main())
+    assert err.value.reason == reason and says in str(err.value), str(err.value)
+
+
+def test_a_hanging_body_times_out_and_a_refused_port_is_connect() -> None:
+    async def main() -> tuple[SourceError, SourceError]:
+        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        url, server, _ = await peer(script)
+        getter = HttpGetter()
+        errors = []
+        for target in (url, "http://127.0.0.1:9"):
+            try:
+                await getter.text(target + "/metrics", timeout=0.5, limit=1024)
+            except SourceError as exc:
+                errors.append(exc)
+        await getter.aclose()
+        server.close()
+        return errors[0], errors[1]
+
+    timeout, refused = run(main())
+    assert timeout.reason == "timeout" and "0.5s" in str(timeout)
+    assert refused.reason == "connect" and "127.0.0.1:9" in str(refused)
+
+
+def test_the_request_carries_the_path_query_host_and_url_credentials_but_a_given_authorization_wins() -> None:
+    requests: list[bytes] = []
+
+    async def main() -> None:
+        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    requests.append(await read_request(reader))
+                except asyncio.IncompleteReadError:
+                    return
+                writer.write(ok(b"fine"))
+                await writer.drain()
+
+        url, server, _ = await peer(script)
+        with_user = url.replace("http://", "http://ops:p%40ss@")
+        getter = HttpGetter()
+        await getter.text(with_user + "/prefix/metrics?x=1", timeout=5, limit=1024)
+        await getter.text(with_user + "/admin", timeout=5, limit=1024, headers={"Authorization": "Bearer tok"})
+        await getter.aclose()
+        server.close()
+
+    run(main())
+    first, second = (r.decode() for r in requests)
+    basic = base64.b64encode(b"ops:p@ss").decode()
+    assert first.startswith("GET /prefix/metrics?x=1 HTTP/1.1\r\n") and f"Authorization: Basic {basic}" in first
+    assert "@" not in first.split("\r\n")[1]  # Host: the address, never the credentials
+    assert "Bearer tok" in second and "Basic" not in second
+
+
+def serve(routes: dict, **options) -> Callable[[Callable[[str, int], Awaitable[object]]], object]:
+    """Run ``test(host, port)`` against an HttpServer with ``routes``."""
+
+    def runner(test: Callable[[str, int], Awaitable[object]]) -> object:
+        async def main() -> object:
+            server = HttpServer(routes, **options)
+            probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+            port = probe.sockets[0].getsockname()[1]
+            probe.close()
+            await probe.wait_closed()
+            await server.start("127.0.0.1", port)
+            try:
+                return await test("127.0.0.1", port)
+            finally:
+                await server.close()
+
+        return run(main())
+
+    return runner
+
+
+async def exchange(host: str, port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(data)
+    await writer.drain()
+    answer = await reader.read(1 << 20)
+    writer.close()
+    return answer
+
+
+ROUTES = {"/metrics": lambda: Answer(200, "text/plain", b"up 1\n"), "/boom": lambda: 1 / 0}
+
+
+def test_the_server_answers_get_and_head_and_keeps_the_connection_for_prometheus() -> None:
+    async def test(host: str, port: int) -> tuple[bytes, bytes]:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\nHEAD /metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+        await writer.drain()
+        first = await reader.readuntil(b"up 1\n")
+        second = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+        return first, second
+
+    first, second = serve(ROUTES)(test)
+    assert first.startswith(b"HTTP/1.1 200 ") and b"Content-Length: 5" in first
+    assert second.startswith(b"HTTP/1.1 200 ") and b"Content-Length: 5" in second  # HEAD: the length, no body
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET /nowhere HTTP/1.1\r\nHost: a\r\n\r\n", b"404"),
+        (b"POST /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi", b"405"),
+        (b"GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 70000\r\n\r\n" + b"z" * 70000, b"413"),
+        (b"GET /boom HTTP/1.1\r\nHost: a\r\n\r\n", b"500"),
+        (b"GARBAGE\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: a\r\nX-Big: " + b"h" * 20000 + b"\r\n\r\n", b"431"),
+        (b"GET /metrics HTTP/1.1\r\n\r\n", b"400"),  # HTTP/1.1 without Host
+    ],
+    ids=["unknown path", "post", "body too large", "handler fails", "not http", "headers too large", "no host"],
+)
+def test_the_server_answers_every_bad_request_with_its_status_and_keeps_serving(request_bytes, status) -> None:
+    async def test(host: str, port: int) -> tuple[bytes, bytes]:
+        bad = await exchange(host, port, request_bytes)
+        good = await exchange(host, port, b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        return bad, good
+
+    bad, good = serve(ROUTES)(test)
+    assert bad.split(b" ")[1] == status, bad[:200]
+    assert good.startswith(b"HTTP/1.1 200 ") and good.endswith(b"up 1\n")
+
+
+def test_an_idle_or_silent_client_is_dropped_and_connections_are_capped() -> None:
+    async def test(host: str, port: int) -> tuple[bytes, bytes, bytes]:
+        silent_reader, silent = await asyncio.open_connection(host, port)
+        dropped = await asyncio.wait_for(silent_reader.read(), 5)  # EOF once the idle limit passed
+        held = [await asyncio.open_connection(host, port) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        over_reader, over = await asyncio.open_connection(host, port)
+        refused = await asyncio.wait_for(over_reader.read(), 5)
+        for _, writer in held:
+            writer.close()
+        await asyncio.sleep(0.1)
+        after = await exchange(host, port, b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        silent.close()
+        over.close()
+        return dropped, refused, after
+
+    dropped, refused, after = serve(ROUTES, idle_seconds=0.3, max_connections=2)(test)
+    assert dropped == b"" and refused == b""
+    assert after.startswith(b"HTTP/1.1 200 ")
