@@ -25,9 +25,17 @@ from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.llmd import context_range, epp_config
 from batchlens.routing.pick import Route, pick
 from batchlens.routing.proxy_config import ProxyConfigError, litellm_config
-from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
+from batchlens.routing.proxy_request import (
+    caller_of,
+    client_priority,
+    drop_claims,
+    headers_of,
+    prompt_tokens,
+    request_tags,
+)
 from batchlens.routing.router import Router
 from batchlens.routing.signals import DOWN, OK, SATURATED, UNKNOWN, EngineSignal, engine_signals
+from batchlens.routing.trust import Caller, screen
 
 RULES = Routing()
 
@@ -277,6 +285,66 @@ def test_request_tags_from_metadata_body_and_header() -> None:
         "x-batchlens-latency-class": "interactive"
     }
     assert headers_of({}) == {}
+
+
+TENANT = Caller(key_alias="tenant-a", teams=frozenset({"team-1", "research"}))
+PINS = ("interactive", "batchlens-engine:b", "&batchlens-role:interactive", "!batchlens-engine:a", "spend:x")
+
+
+@pytest.mark.parametrize(
+    ("caller", "rules", "trusted"),
+    [
+        (TENANT, RULES, False),  # a key with no say: the default for every key but the master key
+        (Caller(admin=True), RULES, True),
+        (TENANT, Routing(trusted_keys=["tenant-a"]), True),
+        (TENANT, Routing(trusted_teams=["research"]), True),
+        (TENANT, Routing(trusted_keys=["tenant-b"], trusted_teams=["team-2"]), False),
+        (Caller(), Routing(trust_clients=True), True),
+    ],
+    ids=["tenant", "master key", "trusted key", "trusted team", "another key and team", "trust_clients"],
+)
+def test_only_a_trusted_caller_claims_the_interactive_class_an_engine_or_a_priority(caller, rules, trusted) -> None:
+    screened = screen(caller, rules, latency_class="Interactive", tags=PINS, priority=True)
+    if trusted:
+        assert (screened.latency_class, screened.tags, screened.priority, screened.ignored) == (
+            "Interactive",
+            PINS,
+            True,
+            (),
+        )
+    else:
+        assert screened.latency_class is None and screened.tags == ("spend:x",) and not screened.priority
+        assert screened.ignored == ("latency_header", "latency_tag", "engine_tag", "priority")
+        assert classify(Request(10, screened.latency_class, screened.tags), rules, None).role == "main"
+
+
+def test_giving_a_claim_up_and_the_admins_own_tags_stand_for_any_key() -> None:
+    """A header naming another class is a step down, always allowed; a key the admin tagged is a config rule."""
+    batch = screen(TENANT, RULES, latency_class="batch", tags=("interactive",), priority=False)
+    assert batch.latency_class == "batch" and batch.ignored == ("latency_tag",)
+    tagged = Caller(key_alias="kiosk", tags=frozenset({"interactive", "batchlens-engine:b"}))
+    kept = screen(tagged, RULES, latency_class=None, tags=("interactive", "batchlens-engine:b"), priority=False)
+    assert kept.tags == ("interactive", "batchlens-engine:b") and kept.ignored == ()
+    assert classify(Request(10, None, kept.tags), RULES, None).role == "interactive"
+
+
+class Auth:
+    """LiteLLM's UserAPIKeyAuth as the proxy hands it over (the real type is tested through the proxy)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def test_the_caller_and_the_claims_are_read_from_the_proxy_request_and_dropped_from_it() -> None:
+    auth = Auth(user_role="LitellmUserRoles.INTERNAL_USER", key_alias="tenant-a", team_id="t1", team_alias=None,
+                metadata={"tags": ["kiosk"]}, team_metadata={"tags": "not-a-list"})  # fmt: skip
+    assert caller_of(auth) == Caller(False, "tenant-a", frozenset({"t1"}), frozenset({"kiosk"}))
+    assert caller_of(Auth(user_role="proxy_admin")).admin and not caller_of(object()).admin
+    data = {"metadata": {"tags": ["interactive", "spend:x"]}, "tags": ["batchlens-engine:b"],
+            "extra_body": {"priority": -10, "top_k": 5}}  # fmt: skip
+    assert client_priority(data) and not client_priority({"extra_body": "x"})
+    drop_claims(data, {"interactive", "batchlens-engine:b"}, priority=True)
+    assert data == {"metadata": {"tags": ["spend:x"]}, "tags": [], "extra_body": {"top_k": 5}}
 
 
 def routed_config(**routing) -> Config:

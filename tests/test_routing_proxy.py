@@ -155,3 +155,35 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
     proxy.stop()
     wait_until(lambda: one(exporter.samples(), "batchlens_source_up", source="litellm") == 0, timeout=10,
                what="the exporter to see the proxy down")  # fmt: skip
+
+
+def test_a_tenants_key_cannot_claim_the_interactive_engine_pin_one_or_set_a_priority(tmp_path, litellm_env) -> None:
+    """Keys with a record (alias, admin-set tags) through harness/litellm_keys.py: LiteLLM's key store is the fake."""
+    engines = {name: SimulatorProcess(tmp_path, speed=20) for name in ("main", "fast")}
+    listed = [{"name": "main", "url": engines["main"].url, "role": "main"},
+              {"name": "fast", "url": engines["fast"].url, "role": "interactive"}]  # fmt: skip
+    path = tmp_path / "batchlens.yaml"
+    routing = {"model": "deepseek-sim", "exporter_url": "http://127.0.0.1:9", "trusted_keys": ["ops-console"]}
+    path.write_text(yaml.safe_dump({"engines": listed, "routing": routing}))
+    proxy_config = litellm_config(load_config(path, environ={}))
+    proxy_config["general_settings"]["custom_auth"] = "litellm_keys.user_api_key_auth"
+    proxy = LitellmProxy(tmp_path, proxy_config, path, litellm_env)
+    interactive = {"x-batchlens-latency-class": "interactive"}
+    try:
+        proxy.complete("hello", key="sk-tenant-a", headers=interactive)
+        proxy.complete("hello", key="sk-tenant-a", tags=["interactive"])
+        proxy.complete("hello", key="sk-tenant-a", headers={"x-litellm-tags": "batchlens-engine:fast"})
+        proxy.complete("hello", key="sk-tenant-a", metadata={"tags": ["batchlens-role:interactive"]},
+                       extra_body={"priority": -100})  # fmt: skip
+        assert {n: served(e) for n, e in engines.items()} == {"main": 4, "fast": 0}
+        proxy.complete("hello", key="sk-ops-console", headers=interactive)  # trusted by routing.trusted_keys
+        proxy.complete("hello", key="sk-kiosk")  # the admin tagged the key itself: a config rule
+        assert {n: served(e) for n, e in engines.items()} == {"main": 4, "fast": 2}
+        ignored = pick(parse_samples(proxy.metrics()), "batchlens_routing_untrusted_claims_total")
+        assert {dict(k)["claim"]: v for k, v in ignored.items()} == {
+            "latency_header": 1, "latency_tag": 1, "engine_tag": 2, "priority": 1}  # fmt: skip
+        assert "ignored a latency_header claim from key tenant-a" in proxy.process.log_path.read_text()
+    finally:
+        proxy.stop()
+        for engine in engines.values():
+            engine.stop()

@@ -51,19 +51,22 @@ class LitellmProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         config = workdir / "litellm.yaml"
         config.write_text(yaml.safe_dump(proxy_config, sort_keys=False))
+        if "custom_auth" in proxy_config.get("general_settings", {}):  # LiteLLM imports it from the config's folder
+            (workdir / "litellm_keys.py").write_text((Path(__file__).parent / "litellm_keys.py").read_text())
         argv = [str(litellm_venv() / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
                 "--port", str(self.port), "--num_workers", "1"]  # fmt: skip
         env = {**env, **OFFLINE, "LITELLM_MASTER_KEY": MASTER_KEY, "BATCHLENS_CONFIG": str(batchlens_config)}
         self.process = Process("litellm", argv, workdir / f"litellm-{self.port}.log", env=env, cwd=workdir)
         self.process.wait_http(self.url + "/health/liveliness", timeout=120)
 
-    def complete(self, prompt: str, *, headers: dict[str, str] | None = None, max_tokens: int = 4, **extra) -> dict:
+    def complete(self, prompt: str, *, headers: dict[str, str] | None = None, max_tokens: int = 4,
+                 key: str = MASTER_KEY, **extra) -> dict:  # fmt: skip
         """One completion through the proxy; the parsed answer (AssertionError with LiteLLM's message if refused)."""
         body = json.dumps({"model": extra.pop("model", "deepseek-sim"), "prompt": prompt, "max_tokens": max_tokens,
                            **extra}).encode()  # fmt: skip
         request = urllib.request.Request(
             self.url + "/v1/completions", data=body,
-            headers={"Authorization": f"Bearer {MASTER_KEY}", "Content-Type": "application/json", **(headers or {})},
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json", **(headers or {})},
         )  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=60) as resp:

@@ -351,6 +351,17 @@ class Routing(_Section):
     latency_classes: list[str] = Field(
         default_factory=lambda: ["interactive"], description="header values that go to an interactive engine"
     )
+    trusted_keys: list[str] = Field(
+        default_factory=list,
+        description="LiteLLM key aliases whose requests may claim the interactive class (header or tag), pin an "
+        "engine or role by tag, or set vLLM's priority; the master key always may (docs/routing.md)",
+    )
+    trusted_teams: list[str] = Field(
+        default_factory=list, description="LiteLLM teams (id or alias) whose keys may, as trusted_keys"
+    )
+    trust_clients: bool = Field(
+        False, description="every key may, as trusted_keys: the proxy serves one tenant (the demo stacks)"
+    )
     cold_gap: float | Literal["auto"] = Field(
         "auto", description="seconds since the previous arrival that make a request cold; auto: the P90 of the gaps"
     )

@@ -34,8 +34,16 @@ import os
 from litellm.integrations.custom_logger import CustomLogger
 
 from batchlens.config import load_config
-from batchlens.routing.proxy_request import headers_of, prompt_tokens, request_tags
+from batchlens.routing.proxy_request import (
+    caller_of,
+    client_priority,
+    drop_claims,
+    headers_of,
+    prompt_tokens,
+    request_tags,
+)
 from batchlens.routing.router import Router, wanted_of
+from batchlens.routing.trust import screen
 
 log = logging.getLogger("batchlens.routing")
 if not logging.getLogger().handlers and not log.handlers:
@@ -56,6 +64,7 @@ class BatchlensRouting(CustomLogger):
         if count_text is None:
             from litellm import token_counter as count_text  # LiteLLM's counter: the model's, or tiktoken's
         self._count_text = count_text
+        self._warned: set[str] = set()
         roles = "; ".join(f"{role}: {', '.join(names) or 'none'}" for role, names in self.router.roles.items())
         if not self.router.engines:
             log.warning("batchlens routing: no engines in BATCHLENS_CONFIG: requests go on unrouted")
@@ -64,13 +73,18 @@ class BatchlensRouting(CustomLogger):
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type: str):
         if call_type not in GENERATION_CALLS:
             return data
+        rules = self.router.rules
         try:
             headers = headers_of(data)
-            decision = await self.router.decide(
-                prompt_tokens(data, self._count_text),
-                headers.get(self.router.rules.latency_header.lower()),
-                request_tags(data, headers),
-            )
+            tags = request_tags(data, headers)
+            caller = caller_of(user_api_key_dict)
+            screened = screen(caller, rules, latency_class=headers.get(rules.latency_header.lower()), tags=tags,
+                              priority=client_priority(data))  # fmt: skip
+            if screened.ignored:  # before routing: a request that then goes on unrouted carries no claim either
+                drop_claims(data, set(tags) - set(screened.tags), not screened.priority)
+                self._count_ignored(caller.key_alias, screened.ignored)
+            decision = await self.router.decide(prompt_tokens(data, self._count_text), screened.latency_class,
+                                                screened.tags)  # fmt: skip
         except Exception:  # the plugin must never fail a request: route it as LiteLLM would
             self.router.metrics.errors.inc()
             log.exception("batchlens routing failed for one request; it goes on unrouted")
@@ -80,6 +94,17 @@ class BatchlensRouting(CustomLogger):
         if decision.priority is not None:
             data["extra_body"] = {**(data.get("extra_body") or {}), "priority": decision.priority}
         return data
+
+    def _count_ignored(self, key_alias: str | None, claims: tuple[str, ...]) -> None:
+        for claim in claims:
+            self.router.metrics.untrusted.labels(claim).inc()
+            if claim not in self._warned:  # once per kind of claim: a tenant's every request must not flood the log
+                self._warned.add(claim)
+                log.warning(
+                    "batchlens routing: ignored a %s claim from key %s, which is not trusted (routing.trusted_keys, "
+                    "trusted_teams); counted in batchlens_routing_untrusted_claims_total",
+                    claim, key_alias or "without an alias",
+                )  # fmt: skip
 
     async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
         """A call answered: its TTFT, by class, from LiteLLM's record of it (its StandardLoggingPayload)."""

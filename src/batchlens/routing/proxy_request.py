@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchlens.routing.trust import Caller
+
 LITELLM_TAGS_HEADER = "x-litellm-tags"
 
 
@@ -43,3 +45,37 @@ def request_tags(data: dict[str, Any], headers: dict[str, str]) -> tuple[str, ..
             found.extend(str(t) for t in tags)
     found.extend(t.strip() for t in headers.get(LITELLM_TAGS_HEADER, "").split(",") if t.strip())
     return tuple(dict.fromkeys(found))
+
+
+def caller_of(auth: Any) -> Caller:
+    """Who sent the request, from LiteLLM's ``UserAPIKeyAuth``; read by attribute, so a field a release lacks
+    counts as absent (the master key's record has ``user_role`` proxy_admin)."""
+    role = str(getattr(auth, "user_role", None) or "")
+    teams = (getattr(auth, "team_id", None), getattr(auth, "team_alias", None))
+    tags: list[str] = []
+    for metadata in (getattr(auth, "metadata", None), getattr(auth, "team_metadata", None)):
+        if isinstance(metadata, dict) and isinstance(metadata.get("tags"), list):
+            tags.extend(str(t) for t in metadata["tags"])
+    alias = getattr(auth, "key_alias", None)
+    return Caller(
+        admin=role.rsplit(".", 1)[-1].lower() == "proxy_admin",
+        key_alias=str(alias) if alias else None,
+        teams=frozenset(str(t) for t in teams if t),
+        tags=frozenset(tags),
+    )
+
+
+def client_priority(data: dict[str, Any]) -> bool:
+    """Whether the client set vLLM's priority itself (``extra_body``, which LiteLLM forwards to the engine)."""
+    extra = data.get("extra_body")
+    return isinstance(extra, dict) and "priority" in extra
+
+
+def drop_claims(data: dict[str, Any], tags: set[str], priority: bool) -> None:
+    """Take ignored claims out of the request, so that LiteLLM's tag filtering and vLLM never see them."""
+    metadata = data.get("metadata")
+    for holder in (metadata if isinstance(metadata, dict) else {}, data):
+        if isinstance(holder.get("tags"), list):
+            holder["tags"] = [t for t in holder["tags"] if str(t) not in tags]
+    if priority and isinstance(data.get("extra_body"), dict):
+        data["extra_body"] = {k: v for k, v in data["extra_body"].items() if k != "priority"}

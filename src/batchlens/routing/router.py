@@ -26,6 +26,7 @@ from batchlens.routing.classify import Choice, Request, classify
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.pick import Route, pick
 from batchlens.routing.signals import EngineSignal, engine_signals
+from batchlens.routing.trust import CLAIMS
 
 log = logging.getLogger("batchlens.routing")
 ENGINE_TAG = "batchlens-engine:"  # the tag that names one engine's deployment in the proxy config
@@ -77,6 +78,12 @@ class RoutingMetrics:
         self.failures = counter(
             "batchlens_routing_failures", "Routed requests that failed after every retry and fallback.", ("wanted",)
         )
+        self.untrusted = counter(
+            "batchlens_routing_untrusted_claims",
+            "Requests whose own claim (the interactive class, an engine or role tag, vLLM's priority) was ignored "
+            "because their key is not trusted (routing.trusted_keys, docs/routing.md), by claim.",
+            ("claim",),
+        )
         self.signals_up = Gauge(
             "batchlens_routing_signals_up",
             "1 when the last read of the exporter's signals succeeded.",
@@ -87,6 +94,8 @@ class RoutingMetrics:
             "The cold-path threshold in force (NaN: auto, too few gaps yet).",
             registry=registry,
         )
+        for claim in CLAIMS:
+            self.untrusted.labels(claim)
         for role in ROLES:  # every role's series from the start, so rates and alerts see the first request
             self.decisions.labels(role, "default" if role == "main" else _REASON[role], role, "")
             self.ttft.labels(role)

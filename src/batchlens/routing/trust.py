@@ -1,0 +1,72 @@
+"""Who may claim what: the interactive class, an engine or role of its choice, vLLM's priority. Pure.
+
+Any holder of a proxy key can send a latency header, a tag or an ``extra_body`` priority. On a shared
+proxy that would let every tenant jump every other tenant's queue, so such claims count only from a
+trusted caller:
+
+- the proxy's admin (its master key);
+- a key alias in ``routing.trusted_keys``, or a team (id or alias) in ``routing.trusted_teams``;
+- everyone, where ``routing.trust_clients`` says the proxy serves one tenant.
+
+Tags that the proxy's admin set on a key or on its team (LiteLLM's key and team metadata) are config
+rules, trusted whoever sends the request. From anyone else, a claim is dropped from the request and
+counted. Giving a claim up is always allowed: a header that names a class other than interactive stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchlens.config import Routing
+
+#: The prefix of every tag that batchlens routes by (an engine's, a role's, the wanted class's), wherever it
+#: appears in a tag: LiteLLM's own markers ("&" required, "!" excluded) and routing prefixes go before it.
+BATCHLENS_TAG = "batchlens-"
+#: What a claim that was ignored is counted as.
+CLAIMS = ("latency_header", "latency_tag", "engine_tag", "priority")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, as the proxy authenticated it."""
+
+    admin: bool = False  # the proxy's master key
+    key_alias: str | None = None
+    teams: frozenset[str] = frozenset()  # the key's team id and alias
+    tags: frozenset[str] = frozenset()  # the tags the proxy's admin set on the key or its team
+
+
+@dataclass(frozen=True)
+class Screened:
+    latency_class: str | None  # the latency header's value that stands (None: no header, or one ignored)
+    tags: tuple[str, ...]  # the request's tags that stay on it, and that classification reads
+    priority: bool  # whether a priority the client set itself may stay
+    ignored: tuple[str, ...]  # the claims dropped, each kind once (CLAIMS)
+
+
+def is_trusted(caller: Caller, rules: Routing) -> bool:
+    if rules.trust_clients or caller.admin:
+        return True
+    return caller.key_alias in rules.trusted_keys or bool(caller.teams & set(rules.trusted_teams))
+
+
+def screen(
+    caller: Caller, rules: Routing, *, latency_class: str | None, tags: tuple[str, ...], priority: bool
+) -> Screened:
+    """What of a request's own claims stands, given who sent it."""
+    if is_trusted(caller, rules):
+        return Screened(latency_class, tags, priority, ())
+    ignored: list[str] = []
+    if latency_class is not None and latency_class.strip().lower() in {c.lower() for c in rules.latency_classes}:
+        ignored.append("latency_header")
+        latency_class = None
+    routing = [t for t in tags if t not in caller.tags and BATCHLENS_TAG in t]
+    latency = [t for t in tags if t not in caller.tags and t.lstrip("&!") == rules.latency_tag]
+    if latency:
+        ignored.append("latency_tag")
+    if routing:
+        ignored.append("engine_tag")
+    if priority:
+        ignored.append("priority")
+    dropped = {*routing, *latency}
+    return Screened(latency_class, tuple(t for t in tags if t not in dropped), False, tuple(ignored))
