@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 API_PREFIX = "/batchlens/v1/"
 BATCH_PATH = API_PREFIX + "batch"
 INFO_PATH = API_PREFIX + "info"
+#: POST: empty the prefix cache (vLLM's own reset, behind the admin token instead of vLLM's dev mode).
+CACHE_RESET_PATH = API_PREFIX + "reset_prefix_cache"
 TOKEN_ENV = "BATCHLENS_ADMIN_TOKEN"
 MAX_BODY_BYTES = 4096
 
@@ -69,6 +71,15 @@ class AdminInfo(BaseModel):
     admission: str | None = None
     #: How the routes are served: vLLM's endpoint plugins, or the ``--middleware`` hook on older releases.
     api_route: str | None = None
+
+
+class CacheReset(BaseModel):
+    """Reply of ``POST /batchlens/v1/reset_prefix_cache``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    #: False where vLLM declined: running requests still hold cached blocks (it resets only an idle cache).
+    reset: bool
 
 
 class AdminError(Exception):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from batchlens.admin_api import BATCH_PATH, INFO_PATH, BatchState, bearer
+from batchlens.admin_api import BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, BatchState, bearer
 
 
 @dataclass
@@ -57,6 +57,7 @@ def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
             status, reply = admin.request(method, body=body, token=token)
             assert status == 401 and "token" in reply["error"], (method, token, status, reply)
         assert admin.request("GET", INFO_PATH, token=token)[0] == 401
+        assert admin.request("POST", CACHE_RESET_PATH, token=token)[0] == 401  # never vLLM's open dev-mode route
 
     bad = [0, -1, "abc", max_num_seqs + 1, 2.0, True, None, [2]]
     bodies = [json.dumps({"max_num_active_seqs": v}).encode() for v in bad]
@@ -72,6 +73,8 @@ def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
     status, info = admin.request("GET", INFO_PATH)
     assert status == 200 and info["max_num_seqs"] == max_num_seqs and info["engines"] == len(before.engines)
     assert admin.set_limit(before.max_num_active_seqs).max_num_active_seqs == before.max_num_active_seqs
+    status, reset = admin.request("POST", CACHE_RESET_PATH)
+    assert status == 200 and reset == {"reset": True}, (status, reset)  # idle: nothing holds a cached block
 
 
 def check_disabled_without_token(admin: AdminClient) -> None:
@@ -81,6 +84,7 @@ def check_disabled_without_token(admin: AdminClient) -> None:
             ("GET", BATCH_PATH, None),
             ("PUT", BATCH_PATH, b'{"max_num_active_seqs": 1}'),
             ("GET", INFO_PATH, None),
+            ("POST", CACHE_RESET_PATH, None),
         ):
             status, reply = admin.request(method, path, body, token=token)
             assert status == 503 and "BATCHLENS_ADMIN_TOKEN" in reply["error"], (method, path, status, reply)

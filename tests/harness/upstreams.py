@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from batchlens.admin_api import CACHE_RESET_PATH
 from harness.procs import free_port
 
 
@@ -61,7 +62,7 @@ class Upstreams:
         app.router.add_get("/{name}/metrics", self._metrics)
         app.router.add_get("/{name}/batchlens/v1/batch", self._admin)
         app.router.add_put("/{name}/batchlens/v1/batch", self._admin)
-        app.router.add_post("/{name}/reset_prefix_cache", self._reset_prefix_cache)
+        app.router.add_post("/{name}" + CACHE_RESET_PATH, self._reset_prefix_cache)
         # Handlers that hang on purpose must not hold up the teardown.
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
@@ -113,9 +114,12 @@ class Upstreams:
         await resp.write_eof()
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
-        """vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1)."""
-        self.engines[request.match_info["name"]].prefix_cache_resets += 1
-        return web.Response(status=200)
+        """The plugin's route: counted only with the engine's admin token, as the plugin answers."""
+        up = self.engines[request.match_info["name"]]
+        if request.headers.get("Authorization", "") != f"Bearer {up.admin_token}":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        up.prefix_cache_resets += 1
+        return web.json_response({"reset": True})
 
     async def _admin(self, request: web.Request) -> web.Response:
         up = self.engines[request.match_info["name"]]

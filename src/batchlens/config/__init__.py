@@ -216,8 +216,8 @@ class Breaker(_Section):
     recovery_interval_seconds: float = Field(300, gt=0)
     #: A queue this many batches long means missing capacity: the breaker holds instead of halving.
     overload_queue_ratio: float = Field(4.0, gt=0)
-    #: On VllmKvCacheBlocksHigh, POST /reset_prefix_cache once per cooldown. A vLLM dev-mode route: dev mode opens
-    #: /collective_rpc and /sleep unauthenticated, so never on a shared network (docs/remediation.md).
+    #: On VllmKvCacheBlocksHigh, empty the engine's prefix cache once per cooldown, through the plugin's
+    #: POST /batchlens/v1/reset_prefix_cache with the engine's admin token (never vLLM's dev-mode route).
     reset_prefix_cache: bool = False
     dry_run: bool = False
 

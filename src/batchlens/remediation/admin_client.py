@@ -7,10 +7,12 @@ message for the log. The token is sent, never logged.
 
 from __future__ import annotations
 
-import aiohttp
-from pydantic import ValidationError
+from typing import TypeVar
 
-from batchlens.admin_api import BATCH_PATH, BatchState, bearer
+import aiohttp
+from pydantic import BaseModel, ValidationError
+
+from batchlens.admin_api import BATCH_PATH, CACHE_RESET_PATH, BatchState, CacheReset, bearer
 
 HINTS = {
     401: " (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's?)",
@@ -23,6 +25,9 @@ HINTS = {
 }
 
 
+Reply = TypeVar("Reply", bound=BaseModel)
+
+
 class AdminCallError(Exception):
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -32,29 +37,32 @@ class AdminCallError(Exception):
 class AdminClient:
     def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None, *, timeout: float = 5.0):
         self._session = session
+        self._base = url
         self.url = url + BATCH_PATH
         self._headers = bearer(token)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def get(self) -> BatchState:
-        return await self._call("GET", None)
+        return await self._call("GET", self.url, None, BatchState)
 
     async def put(self, limit: int) -> BatchState:
-        return await self._call("PUT", {"max_num_active_seqs": limit})
+        return await self._call("PUT", self.url, {"max_num_active_seqs": limit}, BatchState)
 
-    async def _call(self, method: str, body: dict | None) -> BatchState:
+    async def reset_prefix_cache(self) -> CacheReset:
+        return await self._call("POST", self._base + CACHE_RESET_PATH, None, CacheReset)
+
+    async def _call(self, method: str, url: str, body: dict | None, reply_model: type[Reply]) -> Reply:
         try:
-            async with self._session.request(
-                method, self.url, json=body, headers=self._headers, timeout=self._timeout
-            ) as reply:
+            async with self._session.request(method, url, json=body, headers=self._headers,
+                                             timeout=self._timeout) as reply:  # fmt: skip
                 text = await reply.content.read(64 * 1024)
                 if reply.status != 200:
                     hint = HINTS.get(reply.status, "")
-                    raise AdminCallError(f"http_{reply.status}", f"{method} {self.url}: {reply.status}{hint}")
-                return BatchState.model_validate_json(text)
+                    raise AdminCallError(f"http_{reply.status}", f"{method} {url}: {reply.status}{hint}")
+                return reply_model.model_validate_json(text)
         except TimeoutError:
-            raise AdminCallError("timeout", f"{method} {self.url}: no answer within {self._timeout.total} s") from None
+            raise AdminCallError("timeout", f"{method} {url}: no answer within {self._timeout.total} s") from None
         except aiohttp.ClientError as exc:
-            raise AdminCallError("unreachable", f"{method} {self.url}: {exc.__class__.__name__}: {exc}") from None
+            raise AdminCallError("unreachable", f"{method} {url}: {exc.__class__.__name__}: {exc}") from None
         except ValidationError as exc:
-            raise AdminCallError("invalid_reply", f"{method} {self.url}: not the admin API contract: {exc}") from None
+            raise AdminCallError("invalid_reply", f"{method} {url}: not the admin API contract: {exc}") from None

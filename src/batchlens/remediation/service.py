@@ -359,7 +359,11 @@ class Remediator:
         )
 
     async def _reset_prefix_cache(self, delivery: Delivery) -> str:
-        """POST /reset_prefix_cache for a firing KV alert outside the cooldown; what became of the delivery."""
+        """The plugin's prefix-cache reset for a firing KV alert outside the cooldown; what became of the delivery.
+
+        Through the admin API, with the engine's token: never vLLM's dev-mode route, which dev mode serves with
+        no authentication beside /collective_rpc and /sleep.
+        """
         name = delivery.vllm_instance
         last = self._kv_reset_at.get(name)
         if delivery.status != "firing":
@@ -367,12 +371,11 @@ class Remediator:
         if last is not None and self.clock() - last < self.settings.cooldown_seconds:
             return "cooldown"
         self._kv_reset_at[name] = self.clock()
-        url = self.engines[name].url + "/reset_prefix_cache"
         try:
-            async with self._session.post(url, timeout=aiohttp.ClientTimeout(total=10)) as reply:
-                result = "ok" if reply.status == 200 else f"http_{reply.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            result = exc.__class__.__name__
+            result = "ok" if (await self.admins[name].reset_prefix_cache()).reset else "in_use"
+            why = "reset" if result == "ok" else "not reset: running requests hold its blocks"
+        except AdminCallError as exc:
+            result, why = exc.reason, str(exc)
         self.actions[(name, "reset_prefix_cache", result)] += 1
-        log.warning("%s: POST /reset_prefix_cache: %s", name, result)
+        log.warning("%s: prefix cache %s", name, why)
         return "reset_prefix_cache"

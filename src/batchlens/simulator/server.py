@@ -23,10 +23,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from batchlens import __version__
 from batchlens.admin_api import (
     BATCH_PATH,
+    CACHE_RESET_PATH,
     INFO_PATH,
     AdminError,
     AdminInfo,
     BatchState,
+    CacheReset,
     check_token,
     combine,
     parse_update,
@@ -242,6 +244,11 @@ class Simulator:
         log.info("max_num_active_seqs %d -> %d, requested by %s", before, limit, request.remote or "unknown")
         return self._batch()
 
+    async def _reset_prefix_cache(self, _request: web.Request) -> CacheReset:
+        """The contract's answer; no prefix caching is simulated, so there is nothing to empty."""
+        log.info("prefix cache reset requested (no prefix caching is simulated)")
+        return CacheReset(reset=True)
+
     async def _info(self, _request: web.Request) -> AdminInfo:
         e = self.engine
         return AdminInfo(
@@ -254,7 +261,7 @@ class Simulator:
             num_gpu_blocks=e.num_gpu_blocks,
         )
 
-    def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo]]):
+    def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo | CacheReset]]):
         async def route(request: web.Request) -> web.Response:
             try:
                 check_token(request.headers.get("Authorization"), self._token)
@@ -288,6 +295,7 @@ class Simulator:
         app.router.add_get(BATCH_PATH, self._admin(self._get_batch))
         app.router.add_put(BATCH_PATH, self._admin(self._put_batch))
         app.router.add_get(INFO_PATH, self._admin(self._info))
+        app.router.add_post(CACHE_RESET_PATH, self._admin(self._reset_prefix_cache))
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app

@@ -24,11 +24,13 @@ from pydantic import BaseModel
 from batchlens import __version__
 from batchlens.admin_api import (
     BATCH_PATH,
+    CACHE_RESET_PATH,
     INFO_PATH,
     TOKEN_ENV,
     AdminError,
     AdminInfo,
     BatchState,
+    CacheReset,
     check_token,
     combine,
     parse_update,
@@ -88,6 +90,19 @@ class AdminService:
             before.max_num_active_seqs, after.max_num_active_seqs, len(after.engines), client,
         )  # fmt: skip
         return after
+
+    async def reset_prefix_cache(self, client: str) -> CacheReset:
+        """vLLM's own reset, on every engine core: what its dev-mode route does, behind our token."""
+        if self._client is None:
+            raise AdminError(503, "this server has no engine (a render-only server): there is no cache to reset")
+        try:
+            async with asyncio.timeout(ENGINE_TIMEOUT_SECONDS):
+                done = await self._client.reset_prefix_cache()
+        except TimeoutError:
+            raise AdminError(504, f"the engine did not reset its cache within {ENGINE_TIMEOUT_SECONDS:g}s") from None
+        reset = done is not False  # releases before 0.11 answer None: they reset or raise
+        log.info("batchlens: prefix cache %s, requested by %s", "reset" if reset else "not reset (in use)", client)
+        return CacheReset(reset=reset)
 
     async def info(self) -> AdminInfo:
         engines = await self._all(INFO_UTILITY)
@@ -166,10 +181,15 @@ async def _get_info(service: AdminService, _request: Request) -> BaseModel:
     return await service.info()
 
 
+async def _reset_prefix_cache(service: AdminService, request: Request) -> BaseModel:
+    return await service.reset_prefix_cache(request.client.host if request.client else "unknown")
+
+
 def attach_routes(app: FastAPI) -> None:
     app.add_api_route(BATCH_PATH, _route(_get_batch), methods=["GET"], include_in_schema=False)
     app.add_api_route(BATCH_PATH, _route(_put_batch), methods=["PUT"], include_in_schema=False)
     app.add_api_route(INFO_PATH, _route(_get_info), methods=["GET"], include_in_schema=False)
+    app.add_api_route(CACHE_RESET_PATH, _route(_reset_prefix_cache), methods=["POST"], include_in_schema=False)
 
 
 class BatchlensEndpoint:
