@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batchlens.admin_api import AdminError, check_token, combine, parse_update
+from batchlens.admin_api import AdminError, AdmissionState, check_token, combine, parse_admission, parse_update
+from batchlens.queued_caps import refusal
 
 
 def status(fn, *args) -> int:
@@ -70,3 +71,57 @@ def test_data_parallel_engines_combine_into_one_state() -> None:
     assert (state.max_num_seqs, state.max_num_active_seqs, state.num_running, state.num_waiting) == (32, 8, 13, 3)
     assert [e.engine for e in state.engines] == [0, 1]
     assert status(combine, []) == 503
+
+
+@pytest.mark.parametrize(
+    ("body", "changes"),
+    [
+        (b'{"max_num_queued_tokens": 4096}', {"max_num_queued_tokens": 4096}),
+        (b'{"max_num_queued_reqs": null}', {"max_num_queued_reqs": None}),
+        (
+            b'{"max_num_queued_tokens": 1, "max_num_queued_reqs": 2}',
+            {"max_num_queued_tokens": 1, "max_num_queued_reqs": 2},
+        ),
+    ],
+)
+def test_an_admission_put_names_the_caps_it_changes(body, changes) -> None:
+    assert parse_admission(body) == changes
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b'{"max_num_queued_reqs": 0}', "0 would refuse every request"),
+        (b'{"max_num_queued_tokens": -5}', "1 or more"),
+        (b'{"max_num_queued_tokens": 10.0}', "valid integer"),
+        (b'{"max_num_queued_reqs": true}', "valid integer"),
+        (b"{}", "name at least one cap"),
+        (b'{"max_num_seqs": 4}', "Extra inputs"),
+        (b"[" * 2000, "not JSON"),
+    ],
+)
+def test_a_bad_admission_put_is_a_400_that_says_why(body, says) -> None:
+    with pytest.raises(AdminError) as err:
+        parse_admission(body)
+    assert err.value.status == 400 and says in err.value.message
+
+
+def caps(tokens=None, reqs=None, *, queued=0, unfinished=0) -> AdmissionState:
+    return AdmissionState(max_num_queued_tokens=tokens, max_num_queued_reqs=reqs, num_queued_tokens=queued,
+                          num_unfinished_reqs=unfinished)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "n", "refused"),
+    [
+        (caps(), 1, None),  # no cap: everything is admitted
+        (caps(reqs=4, unfinished=3), 1, None),
+        (caps(reqs=4, unfinished=4), 1, "max_num_queued_reqs"),
+        (caps(reqs=4, unfinished=3), 2, "max_num_queued_reqs"),  # n sequences count as n, as in vLLM
+        (caps(tokens=100, queued=99), 1, None),
+        (caps(tokens=100, queued=100), 1, "max_num_queued_tokens"),  # at the cap: the backlog is full
+        (caps(tokens=100, reqs=4, queued=500, unfinished=9), 1, "max_num_queued_reqs"),  # vLLM checks reqs first
+    ],
+)
+def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
+    assert refusal(state, n) == refused

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -17,6 +19,26 @@ NOW = 1_790_000_042.0  # just after the harness' alerts start
 
 def delivery(instance: str = "a", status: str = "firing") -> Delivery:
     return Delivery(10.0, instance, "VllmP99LatencyBreaker", status, 5.0, "f")
+
+
+def test_the_running_hook_writes_off_the_event_loop_and_in_order(tmp_path) -> None:
+    """A write that waits on the disk (fsync, here a sleep) leaves the loop free to answer the webhook."""
+    store = Store(tmp_path / "state.db")
+
+    async def main() -> tuple[int, list[str]]:
+        slow = asyncio.ensure_future(store.run(time.sleep, 0.5))
+        ticks = 0
+        while not slow.done():
+            ticks += 1
+            await asyncio.sleep(0.01)
+        await store.run(store.accept, [delivery("a")])
+        await store.run(store.accept, [delivery("b")])
+        return ticks, [d.vllm_instance for d in await store.run(store.pending)]
+
+    ticks, pending = asyncio.run(main())
+    store.close()
+    assert ticks >= 10, f"the loop ran {ticks} times during a 0.5 s write: the write blocked it"
+    assert pending == ["a", "b"]
 
 
 def test_a_delivery_is_pending_until_the_state_it_produced_is_saved(tmp_path) -> None:

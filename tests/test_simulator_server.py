@@ -17,10 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from batchlens.admin_api import INFO_PATH
-from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
+from batchlens.admin_api import ADMISSION_PATH, INFO_PATH
+from harness.admin import (
+    AdminClient,
+    check_admission_contract,
+    check_concurrent_puts,
+    check_contract,
+    check_disabled_without_token,
+    set_caps,
+)
 from harness.exporter import BATCHLENS, ExporterProcess, one, parse_samples, pick
-from harness.procs import http_get
+from harness.procs import http_get, wait_until
 from harness.simulator import SimulatorProcess
 
 pytestmark = pytest.mark.slow
@@ -109,6 +116,31 @@ def test_the_admin_api_keeps_the_contract(sim: SimulatorProcess) -> None:
     admin = AdminClient(sim.url, sim.token)
     check_contract(admin, 32)
     check_concurrent_puts(admin, 32)
+    check_admission_contract(admin)
+
+
+def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(tmp_path) -> None:
+    sim = SimulatorProcess(tmp_path, speed=1, args=("--max-num-seqs", "32"))
+    admin = AdminClient(sim.url, sim.token)
+    long = {"model": MODEL, "prompt": "x", "max_tokens": 2000}  # minutes of simulated decode at speed 1
+    pool = ThreadPoolExecutor(3)
+    try:
+        for _ in range(3):
+            pool.submit(sim.post, "/v1/completions", long, 300)
+        wait_until(lambda: admin.request("GET", ADMISSION_PATH)[1]["num_unfinished_reqs"] == 3, timeout=10,
+                   what="three requests in flight")  # fmt: skip
+        set_caps(admin, max_num_queued_reqs=3)
+        started = time.monotonic()
+        status, reply = sim.post("/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 2})
+        assert status == 503 and "busy" in reply["error"]["message"] and time.monotonic() - started < 1, reply
+        assert reply["error"]["type"] == "ServiceUnavailableError"
+        counted = pick(gauges(sim), "vllm:admission_rejections_total", reason="max_num_queued_reqs")
+        assert list(counted.values()) == [1.0]
+        set_caps(admin, max_num_queued_reqs=None)
+        assert sim.post("/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 2})[0] == 200
+    finally:
+        sim.stop()  # the three held requests end with it
+        pool.shutdown(wait=True)
 
 
 def test_without_a_token_the_admin_api_is_closed(tmp_path) -> None:

@@ -9,16 +9,29 @@ no token (``--enforce-eager`` keeps their start under a minute).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import textwrap
+import threading
 import time
+import urllib.error
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from batchlens.admin_api import INFO_PATH, TOKEN_ENV
-from harness.admin import AdminClient, check_concurrent_puts, check_contract, check_disabled_without_token
+from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, TOKEN_ENV
+from harness.admin import (
+    AdminClient,
+    check_admission_contract,
+    check_concurrent_puts,
+    check_contract,
+    check_disabled_without_token,
+    set_caps,
+)
 from harness.exporter import parse_samples, pick
 from harness.vllm import ADMIN_TOKEN, VLLM_VERSION, VllmServer, start_vllm, vllm_python
 from harness.wheel import Distributions
@@ -61,6 +74,67 @@ def session_admin(vllm_server: VllmServer) -> Iterator[AdminClient]:
 
 def test_the_admin_api_keeps_its_contract(session_admin: AdminClient) -> None:
     check_contract(session_admin, CAPACITY)
+    check_admission_contract(session_admin)
+
+
+def completion_status(server: VllmServer, bodies: list[bytes]) -> int:
+    """One completion's HTTP status; a refusal's body is kept in ``bodies``."""
+    payload = {"model": server.model, "prompt": [3] * 16, "max_tokens": 48, "ignore_eos": True}
+    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            reply.read()
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        bodies.append(exc.read())
+        return exc.code
+
+
+def admission_rejections(server: VllmServer) -> float:
+    samples = parse_samples(server.metrics_text())
+    return sum(pick(samples, "vllm:admission_rejections_total", reason="max_num_queued_reqs").values())
+
+
+def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
+    vllm_server: VllmServer, session_admin: AdminClient
+) -> None:
+    """Twelve clients, past what the CPU server serves at once: a cap of 4 unfinished requests, set through the
+    plugin while they run. vLLM answers the overflow 503 and counts it; the batch keeps running; lifted, all pass."""
+    statuses: Counter[int] = Counter()
+    bodies: list[bytes] = []
+    lock, stop = threading.Lock(), threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            status = completion_status(vllm_server, bodies)
+            with lock:
+                statuses[status] += 1
+            if status == 503:
+                time.sleep(0.05)  # as a client backing off: a refusal is instant, and a tight loop would be a DoS
+
+    before = admission_rejections(vllm_server)
+    pool = ThreadPoolExecutor(12)
+    try:
+        for _ in range(12):
+            pool.submit(client)
+        wait_for(vllm_server, lambda running, waiting: running + waiting >= 8, "the load in flight")
+        assert set_caps(session_admin, max_num_queued_reqs=4)["max_num_queued_reqs"] == 4
+        wait_for(vllm_server, lambda running, waiting: running + waiting <= 4, "the engine drained to the cap")
+        deadline = time.monotonic() + 60
+        while statuses[503] < 20 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        running, _ = batch_gauges(vllm_server)
+        kv = sum(pick(parse_samples(vllm_server.metrics_text()), "vllm:kv_cache_usage_perc").values())
+    finally:
+        set_caps(session_admin, max_num_queued_reqs=None)
+        stop.set()
+        pool.shutdown(wait=True)
+    assert statuses[503] >= 20 and statuses[200] > 0, statuses
+    assert b"busy" in bodies[0], bodies[0][:300]
+    assert admission_rejections(vllm_server) - before == statuses[503]  # vLLM's own counter, one per refusal
+    assert 1 <= running <= 4 and kv < 0.9  # the admitted ones keep running; nothing piles up in the cache
+    assert vllm_server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4
 
 
 def test_the_plugin_vllm_loaded_is_the_wheels(session_admin: AdminClient, distributions: Distributions) -> None:
@@ -214,7 +288,7 @@ def test_the_plugin_picks_the_mechanism_the_scheduler_offers_or_refuses(vllm_plu
     assert done.returncode == 0, done.stderr[-2000:]
     result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
     # Refused or not, the routes are there: refused, they answer 501 with the reason.
-    routes = "['/batchlens/v1/batch', '/batchlens/v1/batch', '/batchlens/v1/info']"
+    routes = str(sorted([*[BATCH_PATH, ADMISSION_PATH] * 2, INFO_PATH, CACHE_RESET_PATH]))
     assert result == f"RESULT {mechanism is not None} {mechanism} {routes}"
     output = (done.stdout + done.stderr).splitlines()
     refusals = [line for line in output if "batchlens: admin API not installed" in line]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,8 +19,13 @@ BATCH_PATH = API_PREFIX + "batch"
 INFO_PATH = API_PREFIX + "info"
 #: POST: empty the prefix cache (vLLM's own reset, behind the admin token instead of vLLM's dev mode).
 CACHE_RESET_PATH = API_PREFIX + "reset_prefix_cache"
+#: GET and PUT: the engine's admission caps, vLLM's queued-token and queued-request caps (docs/admission.md).
+ADMISSION_PATH = API_PREFIX + "admission"
 TOKEN_ENV = "BATCHLENS_ADMIN_TOKEN"
 MAX_BODY_BYTES = 4096
+
+
+Model = TypeVar("Model", bound="BaseModel")
 
 
 class EngineBatch(BaseModel):
@@ -71,6 +77,33 @@ class AdminInfo(BaseModel):
     admission: str | None = None
     #: How the routes are served: vLLM's endpoint plugins, or the ``--middleware`` hook on older releases.
     api_route: str | None = None
+    #: Whether ``/batchlens/v1/admission`` sets vLLM's own queued caps here; None from servers before it said.
+    queued_caps: bool | None = None
+
+
+class AdmissionState(BaseModel):
+    """Reply of ``GET`` and ``PUT /batchlens/v1/admission``: the caps in force, and what they count now.
+
+    A request that would pass a cap is refused at once with 503, before any work is done for it.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    #: Prompt tokens of the requests still in prefill at which a new request is refused; None: no cap.
+    max_num_queued_tokens: int | None = Field(None, ge=1)
+    #: Unfinished requests (waiting and running) at which a new request is refused; None: no cap.
+    max_num_queued_reqs: int | None = Field(None, ge=1)
+    num_queued_tokens: int = Field(ge=0)
+    num_unfinished_reqs: int = Field(ge=0)
+
+
+class AdmissionUpdate(BaseModel):
+    """Body of ``PUT /batchlens/v1/admission``: the caps to change (null: no cap), the others left as they are."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_num_queued_tokens: int | None = None
+    max_num_queued_reqs: int | None = None
 
 
 class CacheReset(BaseModel):
@@ -117,19 +150,35 @@ def bearer_matches(authorization: str | None, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(sent, token.encode())
 
 
-def parse_update(body: bytes, max_num_seqs: int) -> int:
-    """The new limit from a PUT body, or the contract's 400 saying what is wrong."""
+def _body(body: bytes, model: type[Model], expected: str) -> Model:
     if len(body) > MAX_BODY_BYTES:
         raise AdminError(400, f"body larger than {MAX_BODY_BYTES} bytes")
     try:
-        update = BatchUpdate.model_validate(json.loads(body))
+        return model.model_validate(json.loads(body))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: [[[[... nested past 1000
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "body is not JSON"
-        raise AdminError(400, f'expected {{"max_num_active_seqs": <integer>}}: {detail}') from None
-    value = update.max_num_active_seqs
+        raise AdminError(400, f"expected {expected}: {detail}") from None
+
+
+def parse_update(body: bytes, max_num_seqs: int) -> int:
+    """The new limit from a PUT body, or the contract's 400 saying what is wrong."""
+    value = _body(body, BatchUpdate, '{"max_num_active_seqs": <integer>}').max_num_active_seqs
     if not 1 <= value <= max_num_seqs:
         raise AdminError(400, f"max_num_active_seqs must be in 1..{max_num_seqs} (max_num_seqs), got {value}")
     return value
+
+
+def parse_admission(body: bytes) -> dict[str, int | None]:
+    """The caps a PUT changes (field -> cap, None for no cap), or the contract's 400 saying what is wrong."""
+    expected = '{"max_num_queued_tokens": <integer or null>, "max_num_queued_reqs": <integer or null>}'
+    update = _body(body, AdmissionUpdate, expected)
+    changes = {name: getattr(update, name) for name in update.model_fields_set}
+    if not changes:
+        raise AdminError(400, f"expected {expected}: name at least one cap")
+    for name, cap in changes.items():
+        if cap is not None and cap < 1:
+            raise AdminError(400, f"{name} must be 1 or more, or null for no cap (0 would refuse every request)")
+    return changes
 
 
 def combine(engines: Sequence[Mapping[str, int]]) -> BatchState:

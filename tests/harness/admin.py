@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from batchlens.admin_api import BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, BatchState, bearer
+from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, BatchState, bearer
 
 
 @dataclass
@@ -77,6 +77,35 @@ def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
     assert status == 200 and reset == {"reset": True}, (status, reset)  # idle: nothing holds a cached block
 
 
+def set_caps(admin: AdminClient, **caps: int | None) -> dict:
+    status, reply = admin.request("PUT", ADMISSION_PATH, json.dumps(caps).encode())
+    assert status == 200, f"PUT {ADMISSION_PATH} {caps} answered {status}: {reply}"
+    return reply
+
+
+def check_admission_contract(admin: AdminClient) -> None:
+    """The queued caps: auth, validation that changes nothing, a change that reads back; no cap at the end."""
+    status, before = admin.request("GET", ADMISSION_PATH)
+    assert status == 200 and before["max_num_queued_tokens"] is None and before["max_num_queued_reqs"] is None, before
+    assert before["num_queued_tokens"] >= 0 and before["num_unfinished_reqs"] >= 0
+    for token in (None, "wrong-token"):
+        assert admin.request("GET", ADMISSION_PATH, token=token)[0] == 401
+        assert admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_reqs": 1}', token=token)[0] == 401
+    bad = [b'{"max_num_queued_reqs": 0}', b'{"max_num_queued_tokens": -1}', b'{"max_num_queued_tokens": 2.5}',
+           b'{"max_num_queued_reqs": "4"}', b'{"max_num_queued_reqs": true}', b"{}", b'{"max_num_seqs": 4}',
+           b"not json", b"[[" * 2000]  # fmt: skip
+    for body in bad:
+        status, reply = admin.request("PUT", ADMISSION_PATH, body)
+        assert status == 400 and reply.get("error"), (body[:40], status, reply)
+    assert admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_reqs"] is None, "a refused PUT changed a cap"
+    assert set_caps(admin, max_num_queued_tokens=4096)["max_num_queued_tokens"] == 4096
+    both = set_caps(admin, max_num_queued_reqs=64)  # the other cap stays as it was
+    assert (both["max_num_queued_tokens"], both["max_num_queued_reqs"]) == (4096, 64)
+    cleared = set_caps(admin, max_num_queued_tokens=None, max_num_queued_reqs=None)
+    assert (cleared["max_num_queued_tokens"], cleared["max_num_queued_reqs"]) == (None, None)
+    assert admin.request("GET", INFO_PATH)[1]["queued_caps"] is True
+
+
 def check_disabled_without_token(admin: AdminClient) -> None:
     """No token configured: every route answers 503 and says why, whatever the request carries."""
     for token in (None, "any-token"):
@@ -85,6 +114,7 @@ def check_disabled_without_token(admin: AdminClient) -> None:
             ("PUT", BATCH_PATH, b'{"max_num_active_seqs": 1}'),
             ("GET", INFO_PATH, None),
             ("POST", CACHE_RESET_PATH, None),
+            ("GET", ADMISSION_PATH, None),
         ):
             status, reply = admin.request(method, path, body, token=token)
             assert status == 503 and "BATCHLENS_ADMIN_TOKEN" in reply["error"], (method, path, status, reply)

@@ -99,6 +99,7 @@ class Controller:
         for task in list(self._in_flight.values()):
             task.cancel()
         await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        await self._http.aclose()
 
     async def _tick_one(self, name: str, now: float, breakers: Mapping[str, EngineState]) -> None:
         try:
@@ -125,7 +126,7 @@ class Controller:
         self.decisions[(name, result.reason)] += 1
         self._report(name, before, result, signals, batch.max_num_active_seqs)
         if result.state != before:
-            self.store.save_control(name, result.state, now)
+            await self.store.run(self.store.save_control, name, result.state, now)
             self.states[name] = result.state
 
     def _not_steered(self, name: str, why: str) -> None:
@@ -138,9 +139,6 @@ class Controller:
 
     async def _fetch(self, name: str) -> str:
         return await self._http.text(self._urls[name], timeout=self.control.timeout_seconds, limit=self._limit)
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
     def _remember(self, name: str, sample: EngineSample) -> Window | None:
         """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""

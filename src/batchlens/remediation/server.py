@@ -179,7 +179,7 @@ class RemediationServer:
         # A Secret that cannot be read this time is not a revoked one: its namespace keeps the token it had.
         kept = {ns: t for ns, t in self.namespace_tokens.items() if ns in found.token_errors}
         self.namespace_tokens = {**kept, **found.webhook_tokens}
-        self.remediator.engines_found(found.engines)
+        await self.remediator.engines_found(found.engines)
 
     async def _discover_every(self) -> None:
         while True:
@@ -205,8 +205,6 @@ class RemediationServer:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=10)
-        if self.remediator is not None and self.remediator.controller is not None:
-            await self.remediator.controller.aclose()
         if self._session is not None:
             await self._session.close()
         self.store.close()
@@ -245,7 +243,7 @@ class RemediationServer:
             log.warning("webhook: rejected a payload: %s: %s", where, first["msg"])
             return _error(400, f"not an Alertmanager version 4 payload: {where}: {first['msg']}")
         try:
-            summary = self.remediator.accept(payload, scope)
+            summary = await self.remediator.accept(payload, scope)
         except sqlite3.Error as exc:
             log.error("webhook: cannot write the inbox (%s): answering 500 so that Alertmanager retries", exc)
             return _error(500, "cannot store the notification; retry")

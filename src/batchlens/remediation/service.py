@@ -116,7 +116,7 @@ class Remediator:
 
     # --- the webhook's part: fast, no network ------------------------------------------------------------
 
-    def accept(self, payload: WebhookPayload, scope: Collection[str] | None = None) -> dict[str, int]:
+    async def accept(self, payload: WebhookPayload, scope: Collection[str] | None = None) -> dict[str, int]:
         """Write the notification's deliveries to the inbox; raises sqlite3.Error if that fails.
 
         ``scope``: the namespaces whose webhook token sent it (None: the service's own token, any engine).
@@ -126,7 +126,7 @@ class Remediator:
         keep, skipped = deliveries(payload, now=self.clock(), instances=self.engines, alertnames=alertnames,
                                    cluster=self.cluster, namespace_of=namespace_of, scope=scope)  # fmt: skip
         if keep:
-            self.store.accept(keep)
+            await self.store.run(self.store.accept, keep)
             self.wake.set()
         for reason, n in skipped.items():
             self.deliveries[reason] += n
@@ -134,7 +134,7 @@ class Remediator:
                 log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
         return {"accepted": len(keep), **skipped}
 
-    def engines_found(self, engines: Sequence[Engine]) -> None:
+    async def engines_found(self, engines: Sequence[Engine]) -> None:
         """Discovery's engine set: the new ones join with their saved state; the gone leave it saved.
 
         A pod that comes back under its name (a StatefulSet's) finds its strikes and limits where it left them.
@@ -148,7 +148,7 @@ class Remediator:
                 table.pop(name, None)
             if name not in moved:
                 log.info("%s: the pod is gone; its breaker state stays saved", name)
-        saved = self.store.states()
+        saved = await self.store.run(self.store.states)
         for name in wanted.keys() - self.engines.keys():
             self._join(wanted[name], saved)
             log.info("%s: found at %s (breaker %s)", name, wanted[name].url, self.states[name].mode)
@@ -194,18 +194,18 @@ class Remediator:
                 name, now.max_num_active_seqs, now.max_num_seqs, state.mode, state.strikes,
                 f"; target {state.target_limit} not yet confirmed: applying it" if pending else "",
             )  # fmt: skip
-            self._save(name, replace(state, capacity=now.max_num_seqs))
+            await self._save(name, replace(state, capacity=now.max_num_seqs))
 
     async def step(self) -> None:
         blocked: set[str] = set()  # engines that could not be observed: their later deliveries wait too
-        for delivery in self.store.pending():
+        for delivery in await self.store.run(self.store.pending):
             if delivery.vllm_instance not in blocked and not await self._decide(delivery):
                 blocked.add(delivery.vllm_instance)
         now = self.clock()
         for name, state in list(self.states.items()):
             decision = on_tick(state, now=now, settings=self.settings)
             if decision.action != "none":
-                self._conclude(name, decision, now)
+                await self._conclude(name, decision, now)
         if self.controller is not None:
             self.controller.tick(now, self.states)
         for name in self.engines:
@@ -216,7 +216,7 @@ class Remediator:
         name, state = delivery.vllm_instance, self.states[delivery.vllm_instance]
         if delivery.alertname == KV_ALERT:
             outcome = await self._reset_prefix_cache(delivery)
-            self.store.save(name, state, self.clock(), done=delivery, outcome=outcome)
+            await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
             self.deliveries[outcome] += 1
             return True
         if delivery.status == "resolved":
@@ -228,7 +228,7 @@ class Remediator:
             decision = on_firing(
                 state, starts_at=delivery.starts_at, now=delivery.received_at, obs=obs, settings=self.settings
             )
-        self._conclude(name, decision, self.clock(), delivery)
+        await self._conclude(name, decision, self.clock(), delivery)
         return True
 
     async def _observe(self, name: str) -> Observation | None:
@@ -249,10 +249,10 @@ class Remediator:
         backoff.failures = 0
         return Observation(now.max_num_active_seqs, now.max_num_seqs, now.num_running, now.num_waiting)
 
-    def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:
+    async def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:
         """Save the decision's state (and the delivery's done mark), log it, queue its page."""
         outcome = decision.action if decision.action != "none" else decision.skipped
-        self._save(name, decision.state, delivery, outcome)
+        await self._save(name, decision.state, delivery, outcome)
         if delivery is not None:
             self.deliveries[outcome] += 1
         if decision.action == "none":
@@ -263,7 +263,7 @@ class Remediator:
         entry = {"at": now, "vllm_instance": name, "action": decision.action, "reason": decision.reason,
                  "target": decision.state.target_limit, "strikes": decision.state.strikes,
                  "mode": decision.state.mode, "dry_run": self.settings.dry_run}  # fmt: skip
-        self.store.log_action(entry)
+        await self.store.run(self.store.log_action, entry)
         self.actions[(name, decision.action, "decided")] += 1
         log.warning(
             "%s: %s: %s%s", name, decision.action, decision.reason, " (dry run)" if self.settings.dry_run else ""
@@ -272,8 +272,8 @@ class Remediator:
             self._page_queue.append(Page(name, decision.page, decision.reason))
         self._page_queue += [Page(name, reason, "recovered", resolve=True) for reason in decision.resolved_pages]
 
-    def _save(self, name: str, state: EngineState, delivery: Delivery | None = None, outcome: str = "") -> None:
-        self.store.save(name, state, self.clock(), done=delivery, outcome=outcome)
+    async def _save(self, name: str, state: EngineState, delivery: Delivery | None = None, outcome: str = "") -> None:
+        await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
         self.states[name] = state
 
     def target(self, name: str) -> int | None:
@@ -304,14 +304,15 @@ class Remediator:
             except AdminCallError as exc:
                 delay = backoff.failed(self.clock())
                 self.actions[(name, "set_limit", exc.reason)] += 1
-                self.store.log_action({"at": self.clock(), "vllm_instance": name, "action": "set_limit",
-                                       "target": target, "result": exc.reason, "retry_in": delay})  # fmt: skip
+                await self.store.run(self.store.log_action, {"at": self.clock(), "vllm_instance": name,
+                                     "action": "set_limit", "target": target, "result": exc.reason,
+                                     "retry_in": delay})  # fmt: skip
                 log.error("%s: setting the batch limit to %d failed: %s; retry in %.0f s", name, target, exc, delay)
                 return
         self.actions[(name, "set_limit", result)] += 1
-        self.store.log_action({"at": self.clock(), "vllm_instance": name, "action": "set_limit", "target": target,
-                               "result": result})  # fmt: skip
-        self._save(name, replace(self.states[name], applied_limit=target))
+        await self.store.run(self.store.log_action, {"at": self.clock(), "vllm_instance": name, "action": "set_limit",
+                             "target": target, "result": result})  # fmt: skip
+        await self._save(name, replace(self.states[name], applied_limit=target))
 
     async def _send_pages(self) -> None:
         if not self._page_queue or self.clock() < self._page_backoff.retry_at:

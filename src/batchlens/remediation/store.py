@@ -19,13 +19,17 @@ The connection is used from one thread at a time (the hook's event loop).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from batchlens.control.steering import Steering
 from batchlens.remediation.breaker import EngineState
@@ -72,6 +76,9 @@ class Delivery:
     id: int | None = None
 
 
+T = TypeVar("T")
+
+
 class StoreError(Exception):
     """The state file cannot be used: the message says which file and why, and leaves it as it was."""
 
@@ -91,8 +98,18 @@ class Store:
                 "cannot be written; point --state (remediate.state_path) at another file, nothing was changed"
             ) from None
         self.action_log = self.path.with_name(self.path.name + ".actions.jsonl")
+        # The running hook uses the store through one thread (``run``): each write waits for its fsync
+        # (synchronous=FULL, the action log's), and the event loop that answers the webhook must not. One
+        # thread keeps the writes in order and the transactions of the shared connection apart.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchlens-store")
+
+    async def run(self, method: Callable[..., T], /, *args: object, **kwargs: object) -> T:
+        """``method(*args, **kwargs)``, one of this store's, in the store's thread."""
+        call = functools.partial(method, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
 
     def close(self) -> None:
+        self._thread.shutdown(wait=True)  # the writes already queued land first
         self._db.close()
 
     def states(self) -> dict[str, EngineState]:

@@ -18,8 +18,11 @@ TPOT = "vllm:time_per_output_token_seconds"  # renamed inter_token_latency_secon
 DIALECTS = (((0, 10), frozenset({*OLD_NAMES, TPOT})), ((0, 11), frozenset({TPOT})), ((0, 25), frozenset()))
 
 
-def dialect(vllm_version: str) -> frozenset[str]:
-    """The deprecated names ``vllm_version`` exposes too; ValueError for a release batchlens does not support."""
+QUEUED_CAPS = (0, 29)  # the first release with --max-num-queued-tokens and -reqs (vLLM PR #49445)
+
+
+def series_of(vllm_version: str) -> tuple[int, int]:
+    """(major, minor) of a release batchlens supports; ValueError for any other."""
     try:
         series = tuple(int(part) for part in vllm_version.split(".")[:2])
     except ValueError:
@@ -27,4 +30,10 @@ def dialect(vllm_version: str) -> frozenset[str]:
     low, high = SUPPORTED_SERIES
     if len(series) != 2 or not low <= series <= high:
         raise ValueError(f"vLLM {vllm_version} is outside the releases batchlens supports (0.10 to 0.33)")
+    return series[0], series[1]
+
+
+def dialect(vllm_version: str) -> frozenset[str]:
+    """The deprecated names ``vllm_version`` exposes too; ValueError for a release batchlens does not support."""
+    series = series_of(vllm_version)
     return next(names for first, names in reversed(DIALECTS) if series >= first)

@@ -26,7 +26,9 @@ class ApiError(Exception):
         self.status, self.message, self.param = status, message, param
 
     def body(self) -> dict[str, Any]:
-        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
+        kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(
+            self.status, "InternalServerError"
+        )
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
 
 

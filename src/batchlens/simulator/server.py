@@ -22,21 +22,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batchlens import __version__
 from batchlens.admin_api import (
+    ADMISSION_PATH,
     BATCH_PATH,
     CACHE_RESET_PATH,
     INFO_PATH,
     AdminError,
     AdminInfo,
+    AdmissionState,
     BatchState,
     CacheReset,
     check_token,
     combine,
+    parse_admission,
     parse_update,
 )
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
+from batchlens.queued_caps import MESSAGES, refusal
 from batchlens.simulator import openai_api as api
-from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.gpu import SimulatedGpu
 from batchlens.simulator.vllm_metrics import VllmMetrics
@@ -78,6 +82,8 @@ class Simulator:
         self._arrivals: deque[SimRequest] = deque()  # submitted, not yet reached by simulated time
         self._t0 = time.monotonic()
         self._task: asyncio.Task[None] | None = None
+        #: vLLM's queued caps (docs/admission.md), None: no cap; set at runtime through the admin API.
+        self.caps: dict[str, int | None] = {"max_num_queued_tokens": None, "max_num_queued_reqs": None}
 
     # -- simulated time -----------------------------------------------------
 
@@ -122,6 +128,12 @@ class Simulator:
                 if (pending := self._pending.pop(request.id, None)) is not None:
                     pending.tokens.put_nowait(None)
 
+    def admission(self) -> AdmissionState:
+        """The caps, and what they count: every request not finished, and the prompts of those in prefill."""
+        unfinished = [*self._arrivals, *self.engine.waiting, *self.engine.running]
+        queued = sum(r.prompt_tokens for r in unfinished if r.in_prefill)
+        return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=len(unfinished))
+
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
         request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
         pending = self._pending[request.id] = Pending(request, asyncio.Queue())
@@ -152,6 +164,10 @@ class Simulator:
             log.info("a client closed its connection before its request arrived whole")
             return web.Response(status=400)
         self.arrivals.arrived(time.monotonic())
+        if (reason := refusal(self.admission())) is not None:  # as vLLM does: before any work for the request
+            if reason in self.metrics.admission_rejections:
+                self.metrics.admission_rejections[reason].inc()
+            return _error(api.ApiError(503, MESSAGES[reason]))
         pending = self.submit(req.prompt_tokens, req.max_tokens)
         self.arrivals.answered(req.stream)
         request_id = api.new_id(chat)
@@ -244,6 +260,22 @@ class Simulator:
         log.info("max_num_active_seqs %d -> %d, requested by %s", before, limit, request.remote or "unknown")
         return self._batch()
 
+    async def _get_admission(self, _request: web.Request) -> AdmissionState:
+        self._check_caps()
+        return self.admission()
+
+    async def _put_admission(self, request: web.Request) -> AdmissionState:
+        self._check_caps()
+        changes = parse_admission(await request.read())
+        before = dict(self.caps)
+        self.caps.update(changes)
+        log.info("admission caps %s -> %s", before, self.caps)
+        return self.admission()
+
+    def _check_caps(self) -> None:
+        if series_of(self.vllm_version) < QUEUED_CAPS:
+            raise AdminError(501, f"vLLM {self.vllm_version} has no queued caps (0.29 and later have them)")
+
     async def _reset_prefix_cache(self, _request: web.Request) -> CacheReset:
         """The contract's answer; no prefix caching is simulated, so there is nothing to empty."""
         log.info("prefix cache reset requested (no prefix caching is simulated)")
@@ -258,10 +290,11 @@ class Simulator:
             max_num_seqs=e.max_num_seqs,
             max_num_batched_tokens=e.max_num_batched_tokens,
             block_size=e.block_size,
+            queued_caps=series_of(self.vllm_version) >= QUEUED_CAPS,
             num_gpu_blocks=e.num_gpu_blocks,
         )
 
-    def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo | CacheReset]]):
+    def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo | CacheReset | AdmissionState]]):
         async def route(request: web.Request) -> web.Response:
             try:
                 check_token(request.headers.get("Authorization"), self._token)
@@ -296,6 +329,8 @@ class Simulator:
         app.router.add_put(BATCH_PATH, self._admin(self._put_batch))
         app.router.add_get(INFO_PATH, self._admin(self._info))
         app.router.add_post(CACHE_RESET_PATH, self._admin(self._reset_prefix_cache))
+        app.router.add_get(ADMISSION_PATH, self._admin(self._get_admission))
+        app.router.add_put(ADMISSION_PATH, self._admin(self._put_admission))
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app

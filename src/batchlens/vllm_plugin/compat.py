@@ -124,6 +124,24 @@ def engine_core_refusal(engine_core_cls: type, client_classes: Iterable[type]) -
     return None
 
 
+QUEUED_CAPS = ("max_num_queued_tokens", "max_num_queued_reqs")
+
+
+def queued_caps_refusal(async_llm_cls: type) -> str | None:
+    """Why vLLM's own queued caps cannot be set at runtime on this release, or None.
+
+    The API server's ``check_admission()`` reads them from ``scheduler_config`` on every request (0.29 and
+    later), so a new value there is the cap from the next request on.
+    """
+    code = getattr(getattr(async_llm_cls, "check_admission", None), "__code__", None)
+    if code is None:
+        return "AsyncLLM has no check_admission() (vLLM's queued caps came in 0.29)"
+    missing = [name for name in ("scheduler_config", *QUEUED_CAPS) if name not in _names(code)]
+    if missing:
+        return f"AsyncLLM.check_admission() does not read {', '.join(missing)}"
+    return None
+
+
 @dataclass(frozen=True)
 class Support:
     """What the plugin can do on the vLLM installed here, and how."""
@@ -132,6 +150,7 @@ class Support:
     mechanism: str | None  # ACTIVE_REQS or RUNNING_CAP; None: refused
     api_route: str  # ENDPOINT_PLUGIN or MIDDLEWARE
     refusal: str | None
+    caps_refusal: str | None = "not checked"  # why the queued caps cannot be set; None: through vLLM's own
 
 
 def has_endpoint_plugins() -> bool:
@@ -160,4 +179,10 @@ def check_installed_vllm() -> Support:
     refusal = found.refusal or engine_core_refusal(EngineCore, clients)
     if refusal is not None:
         return Support(version, None, route, f"vLLM {version}: {refusal}")
-    return Support(version, found.mechanism, route, None)
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError:
+        caps = "vLLM has no vllm.v1.engine.async_llm"
+    else:
+        caps = queued_caps_refusal(AsyncLLM)
+    return Support(version, found.mechanism, route, None, None if caps is None else f"vLLM {version}: {caps}")

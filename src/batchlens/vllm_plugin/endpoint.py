@@ -23,16 +23,19 @@ from pydantic import BaseModel
 
 from batchlens import __version__
 from batchlens.admin_api import (
+    ADMISSION_PATH,
     BATCH_PATH,
     CACHE_RESET_PATH,
     INFO_PATH,
     TOKEN_ENV,
     AdminError,
     AdminInfo,
+    AdmissionState,
     BatchState,
     CacheReset,
     check_token,
     combine,
+    parse_admission,
     parse_update,
 )
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
@@ -91,6 +94,36 @@ class AdminService:
         )  # fmt: skip
         return after
 
+    def _scheduler_config(self) -> Any:
+        """The API server's scheduler config, whose queued caps vLLM reads on every request (501 where not)."""
+        if self._support.caps_refusal is not None:
+            raise AdminError(501, f"the admission caps are not available here: {self._support.caps_refusal}")
+        if self._client is None:
+            raise AdminError(503, "this server has no engine (a render-only server): there is nothing to admit")
+        return self._client.scheduler_config
+
+    def _admission(self, config: Any) -> AdmissionState:
+        return AdmissionState(
+            max_num_queued_tokens=config.max_num_queued_tokens,
+            max_num_queued_reqs=config.max_num_queued_reqs,
+            num_queued_tokens=self._client.get_num_queued_tokens(),
+            num_unfinished_reqs=self._client.get_num_unfinished_requests(),
+        )
+
+    async def admission(self) -> AdmissionState:
+        return self._admission(self._scheduler_config())
+
+    async def set_admission(self, body: bytes, client: str) -> AdmissionState:
+        config = self._scheduler_config()
+        changes = parse_admission(body)
+        async with self._lock:
+            before = {name: getattr(config, name) for name in changes}
+            for name, cap in changes.items():
+                setattr(config, name, cap)
+        said = ", ".join(f"{name} {before[name]} -> {cap}" for name, cap in changes.items())
+        log.info("batchlens: admission %s, requested by %s", said, client)
+        return self._admission(config)
+
     async def reset_prefix_cache(self, client: str) -> CacheReset:
         """vLLM's own reset, on every engine core: what its dev-mode route does, behind our token."""
         if self._client is None:
@@ -112,6 +145,7 @@ class AdminService:
             batchlens_version=__version__,
             engines=len(engines),
             api_route=self._support.api_route,
+            queued_caps=self._support.caps_refusal is None,
             **first,
         )
 
@@ -135,6 +169,10 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
         )  # fmt: skip
     else:
         log.warning("batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV)
+    if support.caps_refusal is None:
+        log.info("batchlens: %s sets vLLM's own queued caps at runtime", ADMISSION_PATH)
+    else:
+        log.info("batchlens: %s answers 501: %s", ADMISSION_PATH, support.caps_refusal)
     return AdminService(engine_client, token, support)
 
 
@@ -181,6 +219,15 @@ async def _get_info(service: AdminService, _request: Request) -> BaseModel:
     return await service.info()
 
 
+async def _get_admission(service: AdminService, _request: Request) -> BaseModel:
+    return await service.admission()
+
+
+async def _put_admission(service: AdminService, request: Request) -> BaseModel:
+    client = request.client.host if request.client else "unknown"
+    return await service.set_admission(await request.body(), client)
+
+
 async def _reset_prefix_cache(service: AdminService, request: Request) -> BaseModel:
     return await service.reset_prefix_cache(request.client.host if request.client else "unknown")
 
@@ -190,6 +237,8 @@ def attach_routes(app: FastAPI) -> None:
     app.add_api_route(BATCH_PATH, _route(_put_batch), methods=["PUT"], include_in_schema=False)
     app.add_api_route(INFO_PATH, _route(_get_info), methods=["GET"], include_in_schema=False)
     app.add_api_route(CACHE_RESET_PATH, _route(_reset_prefix_cache), methods=["POST"], include_in_schema=False)
+    app.add_api_route(ADMISSION_PATH, _route(_get_admission), methods=["GET"], include_in_schema=False)
+    app.add_api_route(ADMISSION_PATH, _route(_put_admission), methods=["PUT"], include_in_schema=False)
 
 
 class BatchlensEndpoint:
