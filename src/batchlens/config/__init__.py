@@ -257,6 +257,15 @@ class Control(_Section):
     past_peak: float | None = Field(0.85, gt=0, le=1, description="a larger limit serving under this share of the "
                                     "peak's tokens/s goes back to the peak's limit; null: never")  # fmt: skip
     manual_hold_seconds: float = Field(600, ge=0, description="a limit set by hand pauses control this long")
+    admission: bool = Field(
+        False, description="also set the engine's queued-token cap from its measured prefill throughput: "
+        "slo.ttft_seconds x tokens/s x admission_margin (vLLM 0.29 and later; docs/admission.md)",
+    )  # fmt: skip
+    admission_margin: float = Field(0.8, gt=0, le=1, description="the share of the prefill rate the cap allows")
+    admission_min_windows: int = Field(3, ge=1, description="saturated windows before a cap is set; fewer: no cap")
+    admission_stale_seconds: float = Field(
+        60.0, gt=0, description="a saturated window older than this no longer counts; none left: no cap"
+    )
     dry_run: bool = Field(False, description="decide, log and export the target; never set it")
 
     @model_validator(mode="after")

@@ -21,6 +21,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from batchlens.config import Config
+from batchlens.control.admission import (
+    AdmissionSettings,
+    CapDecision,
+    Saturated,
+    queued_token_cap,
+    saturated,
+    worth_setting,
+)
 from batchlens.control.signals import EngineSample, Window, read_sample, window
 from batchlens.control.steering import Steering, Tick, steer
 from batchlens.exporter.http_get import HttpGetter
@@ -33,6 +41,7 @@ from batchlens.remediation.store import Store
 
 log = logging.getLogger("batchlens.control")
 ESTIMATE_SECONDS = 60.0  # the attainment and goodput estimates cover about this much of the past
+UNSET = object()  # a cap batchlens has not set yet on an engine (None is "no cap")
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,16 @@ class Controller:
         self._failing: dict[str, str] = {}  # instance -> the failure last logged
         self._in_flight: dict[str, asyncio.Task] = {}
         self._on_decided = on_decided
+        c = config.control
+        self._admission = (
+            AdmissionSettings(config.slo.ttft_seconds, c.admission_margin, c.admission_min_windows,
+                              c.admission_stale_seconds)
+            if c.admission else None
+        )  # fmt: skip
+        self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
+        self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
+        self.caps_in_force: dict[str, object] = dict.fromkeys(self._urls, UNSET)  # as batchlens last set it
+        self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open.
@@ -128,6 +147,45 @@ class Controller:
         if result.state != before:
             await self.store.run(self.store.save_control, name, result.state, now)
             self.states[name] = result.state
+        if self._admission is not None:
+            await self._admit(name, signals, now)
+
+    async def _admit(self, name: str, signals: Window | None, now: float) -> None:
+        """The second knob: the queued-token cap from the prefill rate of the saturated windows, or no cap."""
+        assert self._admission is not None
+        if self.caps_in_force[name] is UNSET:  # the first tick, or a restart: go on from the cap in force
+            try:
+                self.caps_in_force[name] = (await self._admins[name].admission()).max_num_queued_tokens
+            except AdminCallError as exc:
+                self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
+                return
+        if signals is not None and (window_seen := saturated(signals, now)) is not None:
+            self._saturated[name].append(window_seen)
+        decision = self.caps[name] = queued_token_cap(self._saturated[name], now, self._admission)
+        self.decisions[(name, f"admission_{decision.reason}")] += 1
+        in_force = self.caps_in_force[name]
+        assert in_force is None or isinstance(in_force, int)
+        if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
+            return
+        try:
+            await self._admins[name].set_admission(max_num_queued_tokens=decision.cap)
+        except AdminCallError as exc:
+            self._admission_failed(name, f"cannot set its queued-token cap: {exc}")
+            return
+        rate = decision.prefill_tokens_per_second
+        why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"
+        self._admission_failing.pop(name, None)
+        log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(self.caps_in_force[name]), _cap(decision.cap),
+                 decision.reason, why)  # fmt: skip
+        self.caps_in_force[name] = decision.cap
+
+    def _admission_failed(self, name: str, why: str) -> None:
+        """The cap could not be read or set; the limit is steered all the same (a release without caps: 501)."""
+        self.decisions[(name, "admission_error")] += 1
+        if self._admission_failing.get(name) != why:
+            log.warning("%s: %s; the batch limit is still steered, the cap retried every %g s", name, why,
+                        self.control.interval_seconds)  # fmt: skip
+            self._admission_failing[name] = why
 
     def _not_steered(self, name: str, why: str) -> None:
         self._samples[name].clear()  # the next good answer starts a fresh window
@@ -173,3 +231,7 @@ class Controller:
         )
         log.info("%s: limit %s -> %d (%s%s)%s", name, before.limit, tick.state.limit, tick.reason, facts,
                  " (dry run)" if self.control.dry_run else "")  # fmt: skip
+
+
+def _cap(cap: object) -> str:
+    return "unset" if cap is UNSET else "none" if cap is None else str(cap)

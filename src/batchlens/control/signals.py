@@ -21,6 +21,7 @@ from batchlens.rules.recording import KV_USAGE, LATENCIES
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 GENERATED = ("vllm:generation_tokens_total",)
+PROMPTED = ("vllm:prompt_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 FINISHED = ("vllm:request_success_total",)
 TTFT, ITL = LATENCIES["ttft"], LATENCIES["itl"]
@@ -86,6 +87,7 @@ class EngineSample:
     ttft: Histogram
     itl: Histogram
     finished: float = 0.0  # requests completed (any finish reason)
+    prompt_tokens: float = 0.0  # prompt tokens prefilled
 
 
 def read_sample(text: str, time: float) -> EngineSample:
@@ -115,7 +117,7 @@ def read_sample(text: str, time: float) -> EngineSample:
     return EngineSample(
         time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),
         generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
-        finished=first(FINISHED),
+        finished=first(FINISHED), prompt_tokens=first(PROMPTED),
     )  # fmt: skip
 
 
@@ -132,6 +134,7 @@ class Window:
     ttft: Histogram  # the first tokens given in the window
     itl: Histogram  # the gaps between tokens in the window
     finished_per_second: float = 0.0
+    prompt_tokens_per_second: float = 0.0  # prefilled; with requests waiting, the rate the queue drains at
 
     def attainment(self, slo: Slo) -> float:
         """An estimate of the share of requests within the SLO: P(TTFT ok) x P(a token's gap ok); NaN idle.
@@ -155,4 +158,5 @@ def window(earlier: EngineSample, later: EngineSample) -> Window:
         preemptions=max(later.preemptions - earlier.preemptions, 0.0),
         ttft=later.ttft.minus(earlier.ttft), itl=later.itl.minus(earlier.itl),
         finished_per_second=max(later.finished - earlier.finished, 0.0) / seconds,
+        prompt_tokens_per_second=max(later.prompt_tokens - earlier.prompt_tokens, 0.0) / seconds,
     )  # fmt: skip

@@ -12,7 +12,15 @@ from typing import TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from batchlens.admin_api import BATCH_PATH, CACHE_RESET_PATH, BatchState, CacheReset, bearer
+from batchlens.admin_api import (
+    ADMISSION_PATH,
+    BATCH_PATH,
+    CACHE_RESET_PATH,
+    AdmissionState,
+    BatchState,
+    CacheReset,
+    bearer,
+)
 
 HINTS = {
     401: " (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's?)",
@@ -47,6 +55,12 @@ class AdminClient:
 
     async def put(self, limit: int) -> BatchState:
         return await self._call("PUT", self.url, {"max_num_active_seqs": limit}, BatchState)
+
+    async def admission(self) -> AdmissionState:
+        return await self._call("GET", self._base + ADMISSION_PATH, None, AdmissionState)
+
+    async def set_admission(self, **caps: int | None) -> AdmissionState:
+        return await self._call("PUT", self._base + ADMISSION_PATH, caps, AdmissionState)
 
     async def reset_prefix_cache(self) -> CacheReset:
         return await self._call("POST", self._base + CACHE_RESET_PATH, None, CacheReset)

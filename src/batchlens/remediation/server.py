@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import sqlite3
 from collections import Counter
@@ -32,7 +33,7 @@ from pydantic import ValidationError
 from batchlens import __version__
 from batchlens.admin_api import bearer_matches
 from batchlens.config import Config, parse_listen
-from batchlens.control.live import Controller
+from batchlens.control.live import UNSET, Controller
 from batchlens.discovery.kubernetes import PodLister
 from batchlens.exporter.sampler import SourceError
 from batchlens.http_server import run_app
@@ -108,8 +109,28 @@ def _controller_families(c: Controller):
             attainment.add_metric([name], estimate.attainment)
             goodput.add_metric([name], estimate.goodput_rps)
     yield from (target, attainment, goodput)
+    yield from _admission_families(c)
     yield _counter("batchlens_controller_decisions", "Controller ticks, by what they decided.",
                    ["vllm_instance", "reason"], c.decisions)  # fmt: skip
+
+
+def _admission_families(c: Controller):
+    """The second knob per engine: the cap wanted, the cap in force (+Inf: no cap) and the prefill estimate."""
+    wanted = GaugeMetricFamily("batchlens_admission_cap_target_tokens", "The queued-token cap the controller "
+                               "wants (+Inf: no cap, the door open).", labels=["vllm_instance"])  # fmt: skip
+    in_force = GaugeMetricFamily("batchlens_admission_cap_tokens", "The queued-token cap batchlens last set on "
+                                 "the engine (+Inf: no cap).", labels=["vllm_instance"])  # fmt: skip
+    rate = GaugeMetricFamily("batchlens_admission_prefill_tokens_per_second", "Estimated prefill throughput "
+                             "the cap rests on: the median of recent windows with requests waiting.",
+                             labels=["vllm_instance"])  # fmt: skip
+    for name, decision in sorted(c.caps.items()):
+        wanted.add_metric([name], math.inf if decision.cap is None else decision.cap)
+        if decision.prefill_tokens_per_second is not None:
+            rate.add_metric([name], decision.prefill_tokens_per_second)
+    for name, cap in sorted(c.caps_in_force.items()):
+        if cap is not UNSET:
+            in_force.add_metric([name], math.inf if cap is None else cap)
+    yield from (wanted, in_force, rate)
 
 
 def _counter(name: str, doc: str, labels: list[str], counts: Mapping[tuple, int]) -> CounterMetricFamily:

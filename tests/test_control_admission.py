@@ -1,0 +1,86 @@
+"""The admission law, pure: the queued-token cap from the prefill rate of saturated windows, with time travel.
+
+No server: windows are built by hand, and the time is given. The live part (the cap reaching an engine) is
+in tests/test_control_live.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batchlens.control.admission import AdmissionSettings, Saturated, queued_token_cap, saturated, worth_setting
+from batchlens.control.signals import EngineSample, Histogram, Window, read_sample, window
+
+SETTINGS = AdmissionSettings(ttft_seconds=2.0, margin=0.8, min_windows=3, stale_seconds=60.0)
+
+
+def sample(t: float, prompt_tokens: float, waiting: float) -> EngineSample:
+    return EngineSample(t, running=8, waiting=waiting, kv_usage=0.5, generated_tokens=0, preemptions=0,
+                        ttft=Histogram(), itl=Histogram(), prompt_tokens=prompt_tokens)  # fmt: skip
+
+
+def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str) -> None:
+    busy = window(sample(0, 1000, waiting=3), sample(2, 5000, waiting=3))
+    assert busy.prompt_tokens_per_second == 2000
+    assert saturated(busy, 2.0) == Saturated(2.0, 2000)
+    assert saturated(window(sample(0, 1000, 0), sample(2, 5000, 0)), 2.0) is None  # the arrivals, not capacity
+    assert saturated(window(sample(0, 1000, 3), sample(2, 1000, 3)), 2.0) is None  # waiting, nothing prefilled
+    assert read_sample(vllm_exposition, 0).prompt_tokens > 0  # vLLM's own counter, vllm:prompt_tokens_total
+
+
+@pytest.mark.parametrize(
+    ("history", "now", "cap", "reason"),
+    [
+        ([], 100, None, "no_signal"),
+        ([Saturated(90, 2000), Saturated(95, 2000)], 100, None, "too_few_windows"),
+        ([Saturated(10, 2000)] * 5, 100, None, "stale"),  # 90 s old: the engine may have changed since
+        ([Saturated(90, 2000), Saturated(92, 2000), Saturated(94, 2000)], 100, 3200, "estimated"),  # 2 s x 2000 x 0.8
+        ([Saturated(30, 9000), Saturated(90, 1000), Saturated(92, 1000), Saturated(94, 1000)], 100, 1600, "estimated"),
+        ([Saturated(90, 1000), Saturated(92, 50_000), Saturated(94, 1200)], 100, 1920, "estimated"),  # the median
+        ([Saturated(90, 0.1)] * 3, 100, 1, "estimated"),  # never a cap of 0, which would refuse everything
+    ],
+    ids=["nothing", "two windows", "stale", "steady", "an old window left", "one outlier", "tiny rate"],
+)
+def test_the_cap_is_ttft_times_the_median_prefill_rate_or_open(history, now, cap, reason) -> None:
+    decision = queued_token_cap(history, now, SETTINGS)
+    assert (decision.cap, decision.reason) == (cap, reason)
+    assert (decision.prefill_tokens_per_second is None) == (cap is None)
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 200), st.floats(0.001, 1e6)), max_size=30),
+    st.floats(0, 300),
+)
+def test_the_door_is_never_shut_and_never_wider_than_the_fastest_window_allows(windows, now) -> None:
+    history = [Saturated(at, rate) for at, rate in sorted(windows)]
+    decision = queued_token_cap(history, now, SETTINGS)
+    if decision.cap is not None:
+        recent = [s.prefill_tokens_per_second for s in history if now - s.at <= SETTINGS.stale_seconds]
+        assert 1 <= decision.cap <= max(1, SETTINGS.ttft_seconds * max(recent) * SETTINGS.margin)
+        assert len(recent) >= SETTINGS.min_windows
+    else:
+        assert decision.reason in ("no_signal", "stale", "too_few_windows")
+
+
+def test_a_window_from_a_restarted_engine_measures_nothing() -> None:
+    restarted = window(sample(0, 90_000, waiting=4), sample(2, 100, waiting=4))  # counters back near zero
+    assert restarted.prompt_tokens_per_second == 0 and saturated(restarted, 2.0) is None
+    assert isinstance(restarted, Window)
+
+
+@pytest.mark.parametrize(
+    ("in_force", "wanted", "worth"),
+    [
+        (None, None, False),
+        (None, 3200, True),
+        (3200, None, True),
+        (3200, 3400, False),
+        (3200, 2880, False),
+        (3200, 3600, True),
+        (3200, 2800, True),
+    ],
+)
+def test_the_cap_moves_only_past_its_tolerance_but_the_door_always_opens_and_closes(in_force, wanted, worth) -> None:
+    assert worth_setting(in_force, wanted, SETTINGS) is worth

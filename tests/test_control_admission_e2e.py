@@ -1,0 +1,64 @@
+"""The second knob end to end: `batchlens load` past capacity -> the simulator <- `batchlens remediate` setting its
+queued-token cap from the prefill rate it measures, over real HTTP.
+
+The simulator stands in for vLLM on a GPU (at 4x speed); it serves the same admission route and refuses with vLLM's
+rules and answers (test_vllm_plugin.py checks those on the real vLLM). The law itself is tested pure in
+test_control_admission.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from batchlens.admin_api import ADMISSION_PATH
+from harness.admin import AdminClient
+from harness.exporter import BATCHLENS, one, pick, scraped_sum
+from harness.remediate import RemediateProcess
+from harness.simulator import SimulatorProcess
+from test_remediate import eventually
+
+pytestmark = pytest.mark.e2e
+SPEED = 4
+# The controller's windows are wall seconds, and the simulator runs SPEED times faster: a TTFT of 1 simulated
+# second is 1/SPEED of a wall second to it (the law is otherwise free of units).
+TTFT = 1.0 / SPEED
+
+
+def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_and_opens_the_door_after(tmp_path) -> None:
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "16"))
+    admin = AdminClient(sim.url, sim.token)
+    control = {"enabled": True, "admission": True, "interval_seconds": 1 / SPEED, "timeout_seconds": 1,
+               "admission_stale_seconds": 3, "start_limit": 16}  # fmt: skip
+    hook = RemediateProcess(tmp_path, {"engines": [{"name": "sim", "url": sim.url}], "control": control,
+                                       "slo": {"ttft_seconds": TTFT, "tpot_seconds": 1.0}},
+                            env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
+    argv = [BATCHLENS, "load", "--url", sim.url, "--rate", str(6 * SPEED), "--duration", "20", "--arrival", "poisson",
+            "--prompt-tokens", "1024,2048", "--output-tokens", "32,64", "--json"]  # fmt: skip
+    load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        capped = eventually(lambda: admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"], timeout=30,
+                            what="the controller setting a queued-token cap on the overloaded engine")  # fmt: skip
+        samples = hook.samples()
+        rate = one(samples, "batchlens_admission_prefill_tokens_per_second", vllm_instance="sim")
+        assert one(samples, "batchlens_admission_cap_tokens", vllm_instance="sim") == capped
+        assert rate > 0 and 1 <= capped <= TTFT * rate  # TTFT x the prefill rate x a margin under 1
+        eventually(lambda: scraped_sum(sim.url, "vllm:admission_rejections_total", reason="max_num_queued_tokens"),
+                   timeout=20, what="the engine refusing requests past the cap")  # fmt: skip
+        out, _ = load.communicate(timeout=120)
+        ran = json.loads(out)  # it exits 1: some requests were refused, which is the point
+        shed = ran["errors"].get("http_503", 0)
+        assert shed > 0 and ran["succeeded"] > 0 and shed + ran["succeeded"] == ran["requests"], ran
+        # The load is over: no window with requests waiting for admission_stale_seconds, so the door opens.
+        eventually(lambda: admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] is None, timeout=20,
+                   what="the cap lifted once its estimate went stale")  # fmt: skip
+        decided = pick(hook.samples(), "batchlens_controller_decisions_total", vllm_instance="sim")
+        reasons = {dict(k)["reason"]: v for k, v in decided.items()}
+        assert reasons.get("admission_estimated", 0) > 0 and reasons.get("admission_stale", 0) > 0, reasons
+        assert "queued-token cap none -> " in hook.process.log_path.read_text()
+    finally:
+        load.kill()
+        hook.stop()
+        sim.stop()
