@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH
-from harness.admin import AdminClient
+from harness.admin import AdminClient, set_caps
 from harness.exporter import BATCHLENS, one, pick, scraped_sum
 from harness.remediate import RemediateProcess
 from harness.simulator import SimulatorProcess
@@ -54,11 +54,43 @@ def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_and_opens_th
         # The load is over: no window with requests waiting for admission_stale_seconds, so the door opens.
         eventually(lambda: admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] is None, timeout=20,
                    what="the cap lifted once its estimate went stale")  # fmt: skip
-        decided = pick(hook.samples(), "batchlens_controller_decisions_total", vllm_instance="sim")
-        reasons = {dict(k)["reason"]: v for k, v in decided.items()}
+        reasons = decisions(hook)
         assert reasons.get("admission_estimated", 0) > 0 and reasons.get("admission_stale", 0) > 0, reasons
         assert "queued-token cap none -> " in hook.process.log_path.read_text()
     finally:
         load.kill()
         hook.stop()
         sim.stop()
+
+
+def test_a_cap_set_by_hand_stands_for_the_hold_and_a_restart_after_kill_9_goes_on_from_the_cap_in_force(
+    tmp_path,
+) -> None:
+    sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "16"))
+    admin = AdminClient(sim.url, sim.token)
+    control = {"enabled": True, "admission": True, "interval_seconds": 0.2, "timeout_seconds": 1,
+               "manual_hold_seconds": 600}  # fmt: skip
+    config = {"engines": [{"name": "sim", "url": sim.url}], "control": control}
+    hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+    try:
+        eventually(lambda: decisions(hook).get("admission_no_signal"), what="the controller looking at the cap")
+        set_caps(admin, max_num_queued_tokens=5000)  # by hand, while nothing runs: no estimate to set one from
+        eventually(lambda: decisions(hook).get("admission_manual_hold", 0) >= 5, what="the controller holding off")
+        assert admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] == 5000
+        assert "set by hand (or the engine restarted)" in hook.process.log_path.read_text()
+        hook.kill9()
+        assert admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] == 5000  # the engine keeps it
+        hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+        # A new process goes on from the cap in force (no hand to see), and with no estimate the door opens.
+        eventually(lambda: admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] is None, timeout=10,
+                   what="the restarted controller lifting the cap")  # fmt: skip
+        log = hook.process.log_path.read_text()
+        assert "queued-token cap 5000 -> none (no_signal" in log and "set by hand" not in log
+    finally:
+        hook.stop()
+        sim.stop()
+
+
+def decisions(hook: RemediateProcess) -> dict[str, float]:
+    found = pick(hook.samples(), "batchlens_controller_decisions_total", vllm_instance="sim")
+    return {dict(k)["reason"]: v for k, v in found.items()}

@@ -84,6 +84,7 @@ class Controller:
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
         self.caps_in_force: dict[str, object] = dict.fromkeys(self._urls, UNSET)  # as batchlens last set it
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
+        self._cap_hold_until: dict[str, float] = {}  # instance -> until when a cap set by hand stands
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open.
@@ -151,20 +152,31 @@ class Controller:
             await self._admit(name, signals, now)
 
     async def _admit(self, name: str, signals: Window | None, now: float) -> None:
-        """The second knob: the queued-token cap from the prefill rate of the saturated windows, or no cap."""
+        """The second knob: the queued-token cap from the prefill rate of the saturated windows, or no cap.
+
+        The cap in force is read every tick: one that is not what batchlens set was set by hand (or the engine
+        restarted), and pauses this knob for ``manual_hold_seconds``, as a hand on the batch limit does.
+        """
         assert self._admission is not None
-        if self.caps_in_force[name] is UNSET:  # the first tick, or a restart: go on from the cap in force
-            try:
-                self.caps_in_force[name] = (await self._admins[name].admission()).max_num_queued_tokens
-            except AdminCallError as exc:
-                self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
-                return
+        try:
+            in_force = (await self._admins[name].admission()).max_num_queued_tokens
+        except AdminCallError as exc:
+            self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
+            return
+        ours = self.caps_in_force[name]
+        if ours is not UNSET and in_force != ours:
+            log.warning("%s: the queued-token cap is %s, not the %s batchlens set: set by hand (or the engine "
+                        "restarted); the controller leaves the cap alone for %g s", name, _cap(in_force), _cap(ours),
+                        self.control.manual_hold_seconds)  # fmt: skip
+            self._cap_hold_until[name] = now + self.control.manual_hold_seconds
+        self.caps_in_force[name] = in_force  # the first tick, a restart (kill -9) or a hand: go on from it
         if signals is not None and (window_seen := saturated(signals, now)) is not None:
             self._saturated[name].append(window_seen)
         decision = self.caps[name] = queued_token_cap(self._saturated[name], now, self._admission)
+        if now < self._cap_hold_until.get(name, 0.0):
+            self.decisions[(name, "admission_manual_hold")] += 1
+            return
         self.decisions[(name, f"admission_{decision.reason}")] += 1
-        in_force = self.caps_in_force[name]
-        assert in_force is None or isinstance(in_force, int)
         if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
             return
         try:
@@ -175,8 +187,8 @@ class Controller:
         rate = decision.prefill_tokens_per_second
         why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"
         self._admission_failing.pop(name, None)
-        log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(self.caps_in_force[name]), _cap(decision.cap),
-                 decision.reason, why)  # fmt: skip
+        log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(in_force), _cap(decision.cap), decision.reason,
+                 why)  # fmt: skip
         self.caps_in_force[name] = decision.cap
 
     def _admission_failed(self, name: str, why: str) -> None:
