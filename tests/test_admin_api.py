@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from batchlens.admin_api import AdminError, AdmissionState, check_token, combine, parse_admission, parse_update
+from batchlens.admin_api import (
+    AdminError,
+    AdmissionState,
+    check_token,
+    combine,
+    parse_admission,
+    parse_update,
+    retry_after,
+)
 from batchlens.queued_caps import refusal
 
 
@@ -98,6 +106,8 @@ def test_an_admission_put_names_the_caps_it_changes(body, changes) -> None:
         (b"{}", "name at least one cap"),
         (b'{"max_num_seqs": 4}', "Extra inputs"),
         (b"[" * 2000, "not JSON"),
+        (b'{"prefill_tokens_per_second": 0}', "above 0"),
+        (b'{"prefill_tokens_per_second": NaN}', "above 0"),
     ],
 )
 def test_a_bad_admission_put_is_a_400_that_says_why(body, says) -> None:
@@ -125,3 +135,12 @@ def caps(tokens=None, reqs=None, *, queued=0, unfinished=0) -> AdmissionState:
 )
 def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
     assert refusal(state, n) == refused
+
+
+@pytest.mark.parametrize(
+    ("queued", "rate", "seconds"),
+    [(0, None, 1), (50_000, None, 1), (0, 2000.0, 1), (2000, 2000.0, 1), (2001, 2000.0, 2), (9000, 2000.0, 5)],
+)
+def test_a_refusal_says_when_the_backlog_will_have_drained(queued, rate, seconds) -> None:
+    state = AdmissionState(num_queued_tokens=queued, num_unfinished_reqs=1, prefill_tokens_per_second=rate)
+    assert retry_after(state) == seconds

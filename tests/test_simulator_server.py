@@ -11,6 +11,8 @@ import http.client
 import json
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -119,6 +121,16 @@ def test_the_admin_api_keeps_the_contract(sim: SimulatorProcess) -> None:
     check_admission_contract(admin)
 
 
+def post_with_headers(url: str, payload: dict) -> tuple[int, dict, dict]:
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, dict(reply.headers), json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
 def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(tmp_path) -> None:
     sim = SimulatorProcess(tmp_path, speed=1, args=("--max-num-seqs", "32"))
     admin = AdminClient(sim.url, sim.token)
@@ -131,9 +143,10 @@ def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(
                    what="three requests in flight")  # fmt: skip
         set_caps(admin, max_num_queued_reqs=3)
         started = time.monotonic()
-        status, reply = sim.post("/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 2})
+        status, headers, reply = post_with_headers(sim.url, {"model": MODEL, "prompt": "y", "max_tokens": 2})
         assert status == 503 and "busy" in reply["error"]["message"] and time.monotonic() - started < 1, reply
         assert reply["error"]["type"] == "ServiceUnavailableError"
+        assert headers["Retry-After"] == "1"  # nothing in prefill: the backlog is gone at once
         counted = pick(gauges(sim), "vllm:admission_rejections_total", reason="max_num_queued_reqs")
         assert list(counted.values()) == [1.0]
         set_caps(admin, max_num_queued_reqs=None)

@@ -87,7 +87,7 @@ def completion_status(server: VllmServer, bodies: list[bytes]) -> int:
             reply.read()
             return reply.status
     except urllib.error.HTTPError as exc:
-        bodies.append(exc.read())
+        bodies.append(exc.headers.get("Retry-After", "none").encode() + b" " + exc.read())
         return exc.code
 
 
@@ -131,7 +131,8 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
         stop.set()
         pool.shutdown(wait=True)
     assert statuses[503] >= 20 and statuses[200] > 0, statuses
-    assert b"busy" in bodies[0], bodies[0][:300]
+    retry, _, body = bodies[0].partition(b" ")
+    assert b"busy" in body and int(retry) >= 1, bodies[0][:300]  # vLLM's 503, with the plugin's Retry-After
     assert admission_rejections(vllm_server) - before == statuses[503]  # vLLM's own counter, one per refusal
     assert 1 <= running <= 4 and kv < 0.9  # the admitted ones keep running; nothing piles up in the cache
     assert vllm_server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4

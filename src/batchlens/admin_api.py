@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -95,6 +96,9 @@ class AdmissionState(BaseModel):
     max_num_queued_reqs: int | None = Field(None, ge=1)
     num_queued_tokens: int = Field(ge=0)
     num_unfinished_reqs: int = Field(ge=0)
+    #: The prefill rate the caps rest on, as the controller measured it: a refusal's Retry-After is the backlog
+    #: divided by it. None: not given (Retry-After 1).
+    prefill_tokens_per_second: float | None = Field(None, gt=0)
 
 
 class AdmissionUpdate(BaseModel):
@@ -104,6 +108,7 @@ class AdmissionUpdate(BaseModel):
 
     max_num_queued_tokens: int | None = None
     max_num_queued_reqs: int | None = None
+    prefill_tokens_per_second: float | None = None
 
 
 class CacheReset(BaseModel):
@@ -176,9 +181,18 @@ def parse_admission(body: bytes) -> dict[str, int | None]:
     if not changes:
         raise AdminError(400, f"expected {expected}: name at least one cap")
     for name, cap in changes.items():
-        if cap is not None and cap < 1:
+        if name == "prefill_tokens_per_second":
+            if cap is not None and not 0 < cap < float("inf"):
+                raise AdminError(400, f"prefill_tokens_per_second must be above 0, or null, got {cap}")
+        elif cap is not None and cap < 1:
             raise AdminError(400, f"{name} must be 1 or more, or null for no cap (0 would refuse every request)")
     return changes
+
+
+def retry_after(state: AdmissionState) -> int:
+    """A refusal's Retry-After: whole seconds for the backlog to drain at the measured prefill rate, at least 1."""
+    rate = state.prefill_tokens_per_second
+    return 1 if not rate else max(1, math.ceil(state.num_queued_tokens / rate))
 
 
 def combine(engines: Sequence[Mapping[str, int]]) -> BatchState:

@@ -179,12 +179,12 @@ class Controller:
         self.decisions[(name, f"admission_{decision.reason}")] += 1
         if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
             return
+        rate = decision.prefill_tokens_per_second  # the engine's 503s announce the drain time from it
         try:
-            await self._admins[name].set_admission(max_num_queued_tokens=decision.cap)
+            await self._admins[name].set_admission(max_num_queued_tokens=decision.cap, prefill_tokens_per_second=rate)
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot set its queued-token cap: {exc}")
             return
-        rate = decision.prefill_tokens_per_second
         why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"
         self._admission_failing.pop(name, None)
         log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(in_force), _cap(decision.cap), decision.reason,

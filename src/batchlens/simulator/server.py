@@ -35,6 +35,7 @@ from batchlens.admin_api import (
     combine,
     parse_admission,
     parse_update,
+    retry_after,
 )
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
@@ -84,6 +85,7 @@ class Simulator:
         self._task: asyncio.Task[None] | None = None
         #: vLLM's queued caps (docs/admission.md), None: no cap; set at runtime through the admin API.
         self.caps: dict[str, int | None] = {"max_num_queued_tokens": None, "max_num_queued_reqs": None}
+        self.prefill_rate: float | None = None  # the controller's estimate, for a refusal's Retry-After
 
     # -- simulated time -----------------------------------------------------
 
@@ -132,7 +134,8 @@ class Simulator:
         """The caps, and what they count: every request not finished, and the prompts of those in prefill."""
         unfinished = [*self._arrivals, *self.engine.waiting, *self.engine.running]
         queued = sum(r.prompt_tokens for r in unfinished if r.in_prefill)
-        return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=len(unfinished))
+        return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=len(unfinished),
+                              prefill_tokens_per_second=self.prefill_rate)  # fmt: skip
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
         request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
@@ -164,10 +167,13 @@ class Simulator:
             log.info("a client closed its connection before its request arrived whole")
             return web.Response(status=400)
         self.arrivals.arrived(time.monotonic())
-        if (reason := refusal(self.admission())) is not None:  # as vLLM does: before any work for the request
+        state = self.admission()
+        if (reason := refusal(state)) is not None:  # as vLLM does: before any work for the request
             if reason in self.metrics.admission_rejections:
                 self.metrics.admission_rejections[reason].inc()
-            return _error(api.ApiError(503, MESSAGES[reason]))
+            refused = _error(api.ApiError(503, MESSAGES[reason]))
+            refused.headers["Retry-After"] = str(retry_after(state))  # as the plugin adds it to vLLM's 503
+            return refused
         pending = self.submit(req.prompt_tokens, req.max_tokens)
         self.arrivals.answered(req.stream)
         request_id = api.new_id(chat)
@@ -267,6 +273,7 @@ class Simulator:
     async def _put_admission(self, request: web.Request) -> AdmissionState:
         self._check_caps()
         changes = parse_admission(await request.read())
+        self.prefill_rate = changes.pop("prefill_tokens_per_second", self.prefill_rate)
         before = dict(self.caps)
         self.caps.update(changes)
         log.info("admission caps %s -> %s", before, self.caps)

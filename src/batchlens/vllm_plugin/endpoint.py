@@ -37,6 +37,7 @@ from batchlens.admin_api import (
     combine,
     parse_admission,
     parse_update,
+    retry_after,
 )
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
@@ -59,6 +60,7 @@ class AdminService:
         # Without it, two PUTs could reach the engines of a data-parallel server in
         # different orders and leave them with different limits.
         self._lock = asyncio.Lock()
+        self._prefill_rate: float | None = None  # the controller's estimate, for a refusal's Retry-After
 
     async def _all(self, method: str, *args: Any) -> list[Any]:
         """Call a batchlens utility method on every engine core; one result each."""
@@ -108,7 +110,14 @@ class AdminService:
             max_num_queued_reqs=config.max_num_queued_reqs,
             num_queued_tokens=self._client.get_num_queued_tokens(),
             num_unfinished_reqs=self._client.get_num_unfinished_requests(),
+            prefill_tokens_per_second=self._prefill_rate,
         )
+
+    def retry_after(self) -> int:
+        """What a refusal's Retry-After says: the backlog over the measured prefill rate (1 where unknown)."""
+        if self._client is None or self._support.caps_refusal is not None:
+            return 1
+        return retry_after(self._admission(self._client.scheduler_config))
 
     async def admission(self) -> AdmissionState:
         return self._admission(self._scheduler_config())
@@ -116,6 +125,7 @@ class AdminService:
     async def set_admission(self, body: bytes, client: str) -> AdmissionState:
         config = self._scheduler_config()
         changes = parse_admission(body)
+        self._prefill_rate = changes.pop("prefill_tokens_per_second", self._prefill_rate)
         async with self._lock:
             before = {name: getattr(config, name) for name in changes}
             for name, cap in changes.items():
@@ -174,6 +184,12 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
     else:
         log.info("batchlens: %s answers 501: %s", ADMISSION_PATH, support.caps_refusal)
     return AdminService(engine_client, token, support)
+
+
+def retry_after_of(state: Any) -> int:
+    """A refusal's Retry-After from the admin state an app holds (1 before it exists, or where refused)."""
+    service = getattr(state, STATE_KEY, None)
+    return service.retry_after() if isinstance(service, AdminService) else 1
 
 
 def log_refusal(support: Support) -> None:
@@ -254,7 +270,7 @@ class BatchlensEndpoint:
         log_refusal(self.support)
         attach_routes(app)
         # Arrivals feed `batchlens advise` (inter-arrival times, streaming share): see batchlens.arrivals.
-        app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics())
+        app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics(), retry_after=lambda: retry_after_of(app.state))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         setattr(state, STATE_KEY, admin_state(engine_client, self.support))

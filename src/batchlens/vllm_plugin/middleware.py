@@ -21,15 +21,17 @@ from batchlens.admin_api import API_PREFIX
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import MIDDLEWARE, check_installed_vllm
-from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_state, attach_routes, log_refusal
+from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_state, attach_routes, log_refusal, retry_after_of
 
 
 class AdminMiddleware:
     def __init__(self, app: Any):
-        self.app = ArrivalMiddleware(app, arrivals=arrival_metrics())
         self.support = replace(check_installed_vllm(), api_route=MIDDLEWARE)  # whatever else this vLLM offers
         log_refusal(self.support)
         self.admin = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+        self.app = ArrivalMiddleware(
+            app, arrivals=arrival_metrics(), retry_after=lambda: retry_after_of(self.admin.state)
+        )
         attach_routes(self.admin)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
