@@ -69,6 +69,11 @@ class BatchlensRouting(CustomLogger):
         if not self.router.engines:
             log.warning("batchlens routing: no engines in BATCHLENS_CONFIG: requests go on unrouted")
         log.info("batchlens routing: %s; signals from %s", roles, self.router.rules.exporter_url)
+        for role, names in self.router.roles.items():
+            if not names and self.router.engines:
+                fallbacks = ", ".join(self.router.rules.fallbacks.get(role, ())) or "any engine"
+                log.info("batchlens routing: no engine has the %s role: requests that want it go to %s, counted "
+                         "fallback=\"no_engine\" and kept out of the fallback ratio", role, fallbacks)  # fmt: skip
 
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type: str):
         if call_type not in GENERATION_CALLS:

@@ -171,8 +171,10 @@ def routing_rules() -> list[dict]:
     ]  # fmt: skip
     rules.append({"record": "wanted_role:batchlens_routing_decisions:rate1m",
                   "expr": f"sum by ({ROUTED}, role) (rate({decisions}[1m]))"})  # fmt: skip
+    # A role no engine has (fallback="no_engine") is a fact of the config, not a fallback: it stays out, or a
+    # role nobody deployed would read as 100% fallback.
     rules.append({"record": "wanted:batchlens_routing_fallback:ratio5m",
-                  "expr": f'sum by ({ROUTED}) (rate({decisions}{{fallback!=""}}[5m])) '
+                  "expr": f'sum by ({ROUTED}) (rate({decisions}{{fallback!~"|no_engine"}}[5m])) '
                           f"/ sum by ({ROUTED}) (rate({decisions}[5m]))"})  # fmt: skip
     return rules
 
