@@ -109,7 +109,7 @@ def test_release(version: str, tmp_path: Path, distributions) -> None:
             row["waiting_after_put_max"] = max(s[1] for s in seen)
             row["preemptions"] = seen[-1][2] - preempted_before
             row["put_took_effect"] = row["running_after_put_max"] <= LIMIT and row["waiting_after_put_max"] > 0
-            row["coverage"] = coverage(prometheus, version).__dict__
+            row["coverage"] = coverage(prometheus, version, release=version).__dict__
             admin.set_limit(CAPACITY)
         assert replies and all(r["usage"]["completion_tokens"] == 512 for r in replies)
         time.sleep(1)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from batchlens.simulator.dialect import QUEUED_CAPS, series_of
 from harness.prometheus import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -16,6 +17,8 @@ RULES = ROOT / "alerts" / "batchlens.rules.yml"
 ALERTS = ROOT / "alerts" / "batchlens.alerts.yml"
 # Alert inputs no CPU server can give: NVML's GPU series, and the remediation hook's own breaker state.
 NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation|batchlens_routing_")
+#: vLLM's admission counter came with its queued caps (0.29): rules over it are empty on older releases.
+NEEDS_QUEUED_CAPS = re.compile(r"admission_rejections")
 #: The routing plugin's series live on the LiteLLM proxy's /metrics, not the exporter's: tests/test_routing_proxy.py
 #: checks their rules against a real proxy.
 FROM_THE_ROUTER = re.compile(r"batchlens_routing_")
@@ -46,13 +49,19 @@ class Coverage:
     other_alerts: list[str]  # fed by NVML or the remediation hook
 
 
-def coverage(prometheus: PrometheusServer, instance: str, *, wait: float = 30) -> Coverage:
-    """Ask until every rule has data for ``instance`` or ``wait`` seconds pass (rates need two samples)."""
+def coverage(prometheus: PrometheusServer, instance: str, *, release: str, wait: float = 30) -> Coverage:
+    """Ask until every rule has data for ``instance`` or ``wait`` seconds pass (rates need two samples).
+
+    ``release``: the vLLM release behind the instance; one before the queued caps has no admission series.
+    """
     selector = f'{{vllm_instance="{instance}"}}'
-    other_rules = [name for name in recording_rules() if NEEDS_OTHER_SOURCES.search(name)]
+    absent = NEEDS_OTHER_SOURCES.pattern
+    if series_of(release) < QUEUED_CAPS:
+        absent += "|" + NEEDS_QUEUED_CAPS.pattern
+    other_rules = [name for name in recording_rules() if re.search(absent, name)]
     rules = [name for name in recording_rules() if name not in other_rules]
     inputs = alert_inputs()
-    other = sorted(a for a, names in inputs.items() if any(NEEDS_OTHER_SOURCES.search(n) for n in names))
+    other = sorted(a for a, names in inputs.items() if any(re.search(absent, n) for n in names))
     deadline = time.monotonic() + wait
     while True:
         empty = [name for name in rules if not prometheus.query(name + selector)]

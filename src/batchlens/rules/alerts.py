@@ -6,6 +6,7 @@ from batchlens.config import Links, Thresholds
 from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, WHERE, slo_ratio_name, slow_ratio_name
 
 BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
+SHED_SHARE = 0.05  # refused at the door past this share for 5 minutes: missing capacity, a page
 
 RUNBOOKS = "docs/runbooks"  # each alert has docs/runbooks/<AlertName>.md
 # An empty var-cluster (no cluster label) matches the series without one, as the label does in PromQL.
@@ -126,6 +127,18 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
             "{{ $labels.vllm_instance }} has been in cold-start mode for 15 minutes",
             "The remediation hook cut the batch limit to the cold-start limit after repeated P99 breaches, and the "
             "breaker has not recovered: the engine serves one request at a time. A human is needed.",
+        ),
+        _alert(
+            links,
+            "VllmAdmissionShedding",
+            f"{LEVEL}:vllm_admission_rejections:ratio5m > {SHED_SHARE}",
+            "5m",
+            "critical",
+            "{{ $labels.vllm_instance }} refuses {{ $value | humanizePercentage }} of its requests at the door",
+            f"For 5 minutes more than {SHED_SHARE:.0%} of the requests reaching this engine were refused "
+            "with a 503 by its queued-token or queued-request cap (vllm:admission_rejections_total). The ones "
+            "admitted meet their TTFT; the rest needed capacity that is not there. This is a capacity page: "
+            "no batch limit or cap brings the refused share back.",
         ),
         _alert(
             links,

@@ -151,6 +151,13 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         f"{LEVEL}:vllm_request_success:cv5m",
         f"stddev_over_time({rate30s}[5m:10s]) / avg_over_time({rate30s}[5m:10s])",
     )
+    # Admission (docs/admission.md): the share of arrivals vLLM's queued caps refused, over those it refused and
+    # those it served (vLLM counts no admissions; over 5 minutes completions stand in for them).
+    shed = f"sum by ({BY}) (rate(vllm:admission_rejections_total[5m]))"
+    record(
+        f"{LEVEL}:vllm_admission_rejections:ratio5m",
+        f"{shed} / ({shed} + sum by ({BY}) (rate(vllm:request_success_total[5m])))",
+    )
     rules += routing_rules()
     return rules
 
