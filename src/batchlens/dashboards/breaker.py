@@ -108,6 +108,33 @@ def breaker(thresholds: Thresholds) -> dict:
             (
                 8,
                 [
+                    (timeseries("Admission: the queued-token cap, wanted and in force",
+                                (f"max by ({BY}) (batchlens_admission_cap_target_tokens{{{INSTANCE}}} < +Inf)",
+                                 "{{vllm_instance}} wanted"),
+                                (f"max by ({BY}) (batchlens_admission_cap_tokens{{{INSTANCE}}} < +Inf)",
+                                 "{{vllm_instance}} in force"),
+                                description="control.admission: slo.ttft x the measured prefill rate x the margin; "
+                                            "a gap is no cap (the door open: too few windows, stale, or off). "
+                                            "docs/admission.md."), 8),
+                    (timeseries("Admission: prefill rate the cap rests on",
+                                (f"max by ({BY}) (batchlens_admission_prefill_tokens_per_second{{{INSTANCE}}})",
+                                 "{{vllm_instance}}"),
+                                description="The median prompt tokens/s of the recent windows in which requests "
+                                            "waited: the rate the queue drains at."), 8),
+                    (timeseries("Admission: refused at the door",
+                                (f"sum by ({BY}, reason) (vllm_instance_model_name_reason:"
+                                 f"vllm_admission_rejections:rate1m{{{INSTANCE}}})", "{{vllm_instance}} {{reason}}"),
+                                (f"max by ({BY}) (vllm_instance_model_name:vllm_admission_rejections:ratio5m"
+                                 f"{{{INSTANCE}}})", "{{vllm_instance}} share of arrivals (5m)"),
+                                unit="short",
+                                description="vLLM's own count of requests its queued caps refused with a 503, by "
+                                            "reason, and the refused share that VllmAdmissionShedding pages on."),
+                     8),
+                ],
+            ),
+            (
+                8,
+                [
                     (alerts, 16),
                     (timeseries("Webhook deliveries by status",
                                 ("sum by (code) (rate(batchlens_webhook_requests_total[$__rate_interval]))",

@@ -153,6 +153,8 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
     )
     # Admission (docs/admission.md): the share of arrivals vLLM's queued caps refused, over those it refused and
     # those it served (vLLM counts no admissions; over 5 minutes completions stand in for them).
+    record(f"{LEVEL}_reason:vllm_admission_rejections:rate1m",
+           f"sum by ({BY}, reason) (rate(vllm:admission_rejections_total[1m]))")  # fmt: skip
     shed = f"sum by ({BY}) (rate(vllm:admission_rejections_total[5m]))"
     record(
         f"{LEVEL}:vllm_admission_rejections:ratio5m",
