@@ -76,6 +76,9 @@ def test_engines_from_env() -> None:
         ({"engines": [{"url": "localhost:8000"}]}, "engines.0.url", "http(s) URL"),
         ({"engines": [{"name": "a"}]}, "engines.0.url", "Field required"),
         ({"exporter": {"intervall_seconds": 1}}, "exporter.intervall_seconds", "unknown key"),
+        ({"control": {"min_limit": 10, "max_limit": 5}}, "control", "max_limit 5 is below control.min_limit 10"),
+        ({"control": {"min_limit": 10, "start_limit": 5}}, "control", "start_limit 5 is outside control.min_limit 10"),
+        ({"control": {"max_limit": 8, "start_limit": 16}}, "control", "start_limit 16 is outside"),
     ],
 )
 def test_validation_errors_name_the_key_and_the_expected_value(data, key, expected) -> None:
@@ -83,6 +86,7 @@ def test_validation_errors_name_the_key_and_the_expected_value(data, key, expect
         load_config(overrides=data, environ={})
     message = str(err.value)
     assert f" {key}: " in message and expected in message, message
+    assert "(got {" not in message, "a check across a section's keys names them; the whole dict says nothing more"
 
 
 def test_duplicate_engine_names_are_refused() -> None:

@@ -21,7 +21,7 @@ from batchlens.config import Control
 from batchlens.control.law import Peak, State, Tuning, decide, decode_pace
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
-from batchlens.control.steering import Steering, steer, tuning
+from batchlens.control.steering import Steering, bounds_said, steer, tuning
 from batchlens.goodput import Slo
 
 SLO = Slo(0.5, 0.1)
@@ -373,3 +373,20 @@ def test_what_each_move_leaves_in_the_state_stated_by_hand() -> None:
     assert (calm.reason, calm.state.below) == ("steady", 0), "a window that is not a fall resets the count"
     wide = Tuning(min_limit=2, max_limit=64, max_step=2.0, drain_seconds=5.0)
     assert decide(State(8), w(running=8, waiting=50, pace=0.02), 100, SLO, wide).limit == 16  # doubling, no more
+
+
+@pytest.mark.parametrize(
+    ("control", "said", "clamped"),
+    [
+        (Control(), "limits 1..64", False),
+        (Control(start_limit=16, max_limit=32), "limits 1..32, starting at 16", False),
+        (
+            Control(start_limit=500, min_limit=100),
+            "limits 64..64, starting at 64: control.min_limit 100, control.start_limit 500 above the engine's "
+            "capacity 64 (max_num_seqs)",
+            True,
+        ),
+    ],
+)
+def test_the_controller_says_what_it_will_use_and_which_settings_the_capacity_cut(control, said, clamped) -> None:
+    assert bounds_said(control, 64) == (said, clamped)

@@ -272,6 +272,10 @@ class Control(_Section):
     def _bounds(self) -> Control:
         if self.max_limit is not None and self.max_limit < self.min_limit:
             raise ValueError(f"control.max_limit {self.max_limit} is below control.min_limit {self.min_limit}")
+        start = self.start_limit
+        if start is not None and not self.min_limit <= start <= (self.max_limit or start):
+            raise ValueError(f"control.start_limit {start} is outside control.min_limit {self.min_limit} .. "
+                             f"max_limit {self.max_limit or 'the capacity'}")  # fmt: skip
         return self
 
 
@@ -541,7 +545,12 @@ def _format_errors(exc: ValidationError, origin: str) -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see `batchlens config show` for every key)"
-        elif "input" in err and err["type"] != "missing" and repr(err["input"]) not in msg:
+        elif (
+            "input" in err
+            and err["type"] != "missing"
+            and not isinstance(err["input"], dict)
+            and (repr(err["input"]) not in msg)
+        ):  # a whole section's dict says nothing the message does not (a check across its keys)
             msg += f" (got {err['input']!r})"
         lines.append(f"  {key}: {msg}")
     if len(lines) == 2:  # one error: one line

@@ -30,7 +30,7 @@ from batchlens.control.admission import (
     worth_setting,
 )
 from batchlens.control.signals import EngineSample, Window, read_sample, window
-from batchlens.control.steering import Steering, Tick, steer
+from batchlens.control.steering import Steering, Tick, bounds_said, steer
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
@@ -85,6 +85,7 @@ class Controller:
         self.caps_in_force: dict[str, object] = dict.fromkeys(self._urls, UNSET)  # as batchlens last set it
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
         self._cap_hold_until: dict[str, float] = {}  # instance -> until when a cap set by hand stands
+        self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open.
@@ -134,6 +135,10 @@ class Controller:
             return
         if self._failing.pop(name, None) is not None:
             log.info("%s: answering again: steering resumes after one more reading", name)
+        if self._capacity.get(name) != batch.max_num_seqs:  # once, and again if the engine came back resized
+            self._capacity[name] = batch.max_num_seqs
+            said, clamped = bounds_said(self.control, batch.max_num_seqs)
+            log.log(logging.WARNING if clamped else logging.INFO, "%s: the controller uses %s", name, said)
         signals = self._remember(name, sample)
         before, breaker = self.states[name], breakers[name]  # the breaker as it is now, after the reads
         # Limits the hook set or is setting right now (a PUT may land between our read and its bookkeeping).

@@ -80,6 +80,21 @@ def tuning(control: Control, capacity: int) -> Tuning:
     )  # fmt: skip
 
 
+def bounds_said(control: Control, capacity: int) -> tuple[str, bool]:
+    """What the controller will use on an engine of ``capacity`` slots, and whether the config asked for more
+    (then the text says which settings, and why they were cut)."""
+    bounds = tuning(control, capacity)
+    start = control.start_limit
+    wanted = {"min_limit": control.min_limit, "max_limit": control.max_limit, "start_limit": start}
+    over = [f"{key} {value}" for key, value in wanted.items() if value is not None and value > capacity]
+    used = f"limits {bounds.min_limit}..{bounds.max_limit}"
+    if start is not None:
+        used += f", starting at {min(max(start, bounds.min_limit), bounds.max_limit)}"
+    if not over:
+        return used, False
+    return f"{used}: control.{', control.'.join(over)} above the engine's capacity {capacity} (max_num_seqs)", True
+
+
 def steer(
     state: Steering,
     *,
