@@ -127,5 +127,23 @@ def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstrea
         assert target(hook, "dry") == 16
         time.sleep(0.5)
         assert limit_of(upstreams, "dry") == 48, "a dry run never sets a limit"
+        health = json.loads(urllib.request.urlopen(hook.url + "/healthz", timeout=5).read())
+        assert health["engines"]["dry"]["target_limit"] is None, health  # a dry controller wants nothing in force
+        assert health["engines"]["dry"]["applied_limit"] is None, health  # and nothing was set
+        assert health["control"]["engines"]["dry"]["limit"] == 16, health
+    finally:
+        hook.stop()
+    # The hook's own dry run (remediate --dry-run): the controller's 16 is wanted, said once, never applied.
+    (tmp_path / "hook-dry").mkdir()
+    config = {"engines": [{"name": "dry", "url": dry}], "control": CONTROL, "breaker": {"dry_run": True}}
+    hook = RemediateProcess(tmp_path / "hook-dry", config, env={"BATCHLENS_ADMIN_TOKEN": TOKEN})
+    try:
+        eventually(lambda: "dry run: would set the batch limit to 16" in hook.process.log_path.read_text(),
+                   "the hook's dry run saying what it would set")  # fmt: skip
+        time.sleep(0.5)
+        health = json.loads(urllib.request.urlopen(hook.url + "/healthz", timeout=5).read())["engines"]["dry"]
+        assert (health["target_limit"], health["applied_limit"]) == (16, None), health
+        assert limit_of(upstreams, "dry") == 48
+        assert hook.process.log_path.read_text().count("would set the batch limit to 16") == 1
     finally:
         hook.stop()

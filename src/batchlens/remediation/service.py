@@ -109,6 +109,7 @@ class Remediator:
         self._page_queue: list[Page] = []
         self._page_backoff = Backoff()
         self._kv_reset_at: dict[str, float] = {}
+        self._dry_run_said: dict[str, int] = {}  # instance -> the limit a dry run last said it would set
         self.wake = asyncio.Event()
         enabled = config.control.enabled
         self.controller = Controller(config, store, self.admins, self.wake.set) if enabled else None
@@ -289,29 +290,32 @@ class Remediator:
         if target is None or target == state.applied_limit or self.clock() < backoff.retry_at:
             return
         if self.settings.dry_run:
-            log.warning("%s: dry run: would set the batch limit to %d", name, target)
-            result = "dry_run"
-        else:
-            try:
-                reply = await self.admins[name].put(target)
-                result = "ok"
-                log.log(
-                    logging.WARNING if loud else logging.INFO,
-                    "%s: batch limit set to %d",
-                    name,
-                    reply.max_num_active_seqs,
-                )
-            except AdminCallError as exc:
-                delay = backoff.failed(self.clock())
-                self.actions[(name, "set_limit", exc.reason)] += 1
+            if self._dry_run_said.get(name) != target:  # once per target; nothing is applied, so nothing recorded
+                self._dry_run_said[name] = target
+                log.warning("%s: dry run: would set the batch limit to %d", name, target)
+                self.actions[(name, "set_limit", "dry_run")] += 1
                 await self.store.run(self.store.log_action, {"at": self.clock(), "vllm_instance": name,
-                                     "action": "set_limit", "target": target, "result": exc.reason,
-                                     "retry_in": delay})  # fmt: skip
-                log.error("%s: setting the batch limit to %d failed: %s; retry in %.0f s", name, target, exc, delay)
-                return
-        self.actions[(name, "set_limit", result)] += 1
+                                     "action": "set_limit", "target": target, "result": "dry_run"})  # fmt: skip
+            return
+        try:
+            reply = await self.admins[name].put(target)
+            log.log(
+                logging.WARNING if loud else logging.INFO,
+                "%s: batch limit set to %d",
+                name,
+                reply.max_num_active_seqs,
+            )
+        except AdminCallError as exc:
+            delay = backoff.failed(self.clock())
+            self.actions[(name, "set_limit", exc.reason)] += 1
+            await self.store.run(self.store.log_action, {"at": self.clock(), "vllm_instance": name,
+                                 "action": "set_limit", "target": target, "result": exc.reason,
+                                 "retry_in": delay})  # fmt: skip
+            log.error("%s: setting the batch limit to %d failed: %s; retry in %.0f s", name, target, exc, delay)
+            return
+        self.actions[(name, "set_limit", "ok")] += 1
         await self.store.run(self.store.log_action, {"at": self.clock(), "vllm_instance": name, "action": "set_limit",
-                             "target": target, "result": result})  # fmt: skip
+                             "target": target, "result": "ok"})  # fmt: skip
         await self._save(name, replace(self.states[name], applied_limit=target))
 
     async def _send_pages(self) -> None:
