@@ -58,7 +58,8 @@ def test_a_hand_on_the_knob_pauses_control_and_kill_9_keeps_where_it_was(tmp_pat
     hook = hook_with(tmp_path, ("a", url))
     try:
         eventually(lambda: limit_of(upstreams, "a") == 16, "control starting at its start_limit, 16")
-        assert "a: the controller uses limits 1..64, starting at 16" in hook.process.log_path.read_text()
+        log = hook.process.log_path.read_text()
+        assert "a: the controller uses limits 1..64, starting at 16" in log and "a: limit starts at 16 (" in log
         set_by_hand(url, 40)
         eventually(lambda: "set by hand" in hook.process.log_path.read_text(), "the log naming the hand")
         assert decisions(hook, "a", "manual_hold") >= 1
@@ -129,7 +130,7 @@ def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstrea
         assert limit_of(upstreams, "dry") == 48, "a dry run never sets a limit"
         health = json.loads(urllib.request.urlopen(hook.url + "/healthz", timeout=5).read())
         assert health["engines"]["dry"]["target_limit"] is None, health  # a dry controller wants nothing in force
-        assert health["engines"]["dry"]["applied_limit"] is None, health  # and nothing was set
+        assert health["engines"]["dry"]["applied_limit"] == 48, health  # as found at start: nothing was set
         assert health["control"]["engines"]["dry"]["limit"] == 16, health
     finally:
         hook.stop()
@@ -142,7 +143,7 @@ def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstrea
                    "the hook's dry run saying what it would set")  # fmt: skip
         time.sleep(0.5)
         health = json.loads(urllib.request.urlopen(hook.url + "/healthz", timeout=5).read())["engines"]["dry"]
-        assert (health["target_limit"], health["applied_limit"]) == (16, None), health
+        assert (health["target_limit"], health["applied_limit"]) == (16, 48), health  # wanted 16; 48 stands
         assert limit_of(upstreams, "dry") == 48
         assert hook.process.log_path.read_text().count("would set the batch limit to 16") == 1
     finally:

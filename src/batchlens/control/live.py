@@ -246,7 +246,8 @@ class Controller:
                 f"{signals.running:.0f} running, {signals.waiting:.0f} waiting, KV {signals.kv_usage:.0%}"
             )
         )
-        log.info("%s: limit %s -> %d (%s%s)%s", name, before.limit, tick.state.limit, tick.reason, facts,
+        moved = f"starts at {tick.state.limit}" if before.limit is None else f"{before.limit} -> {tick.state.limit}"
+        log.info("%s: limit %s (%s%s)%s", name, moved, tick.reason, facts,
                  " (dry run)" if self.control.dry_run else "")  # fmt: skip
 
 

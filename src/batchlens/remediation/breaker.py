@@ -52,7 +52,7 @@ class EngineState:
     strikes: int = 0
     original_limit: int | None = None  # the limit before the first strike of the episode
     target_limit: int | None = None  # the limit the hook wants in force
-    applied_limit: int | None = None  # the last target the admin API confirmed (set by the actuator)
+    applied_limit: int | None = None  # the last target the admin API confirmed, or the limit found at start
     capacity: int | None = None
     last_action_at: float | None = None  # start of the cooldown
     episode_starts_at: float | None = None  # startsAt of the firing alert last acted on

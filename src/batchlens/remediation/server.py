@@ -276,7 +276,8 @@ class RemediationServer:
     async def handle_healthz(self, _request: web.Request) -> web.Response:
         r = self.remediator
         # target_limit: what the hook wants in force, the controller's or the breaker's, as
-        # batchlens_batch_limit_target says; applied_limit: the last limit it set (never under a dry run).
+        # batchlens_batch_limit_target says; applied_limit: the last limit it set, or the one in force it found at
+        # start on an engine it never set (a dry run sets none).
         engines = {name: {"mode": s.mode, "strikes": s.strikes, "target_limit": r.target(name),
                           "applied_limit": s.applied_limit} for name, s in r.states.items()}  # fmt: skip
         return web.json_response(

@@ -195,7 +195,10 @@ class Remediator:
                 name, now.max_num_active_seqs, now.max_num_seqs, state.mode, state.strikes,
                 f"; target {state.target_limit} not yet confirmed: applying it" if pending else "",
             )  # fmt: skip
-            await self._save(name, replace(state, capacity=now.max_num_seqs))
+            # An engine batchlens never set: the limit in force is where it stands, so nothing is sent to confirm it.
+            untouched = state.applied_limit is None and state.target_limit is None
+            applied = now.max_num_active_seqs if untouched else state.applied_limit
+            await self._save(name, replace(state, capacity=now.max_num_seqs, applied_limit=applied))
 
     async def step(self) -> None:
         blocked: set[str] = set()  # engines that could not be observed: their later deliveries wait too
