@@ -76,6 +76,22 @@ def test_a_hand_on_the_knob_pauses_control_and_kill_9_keeps_where_it_was(tmp_pat
         hook.stop()
 
 
+def test_a_restart_during_a_manual_hold_says_the_hold_still_stands(tmp_path, upstreams, vllm_exposition) -> None:
+    url = engine(upstreams, "a", vllm_exposition)
+    hook = hook_with(tmp_path, ("a", url), manual_hold_seconds=600)
+    try:
+        eventually(lambda: limit_of(upstreams, "a") == 16, "control starting at its start_limit, 16")
+        set_by_hand(url, 40)
+        eventually(lambda: decisions(hook, "a", "manual_hold") >= 1, "the controller seeing the hand")
+        hook.kill9()
+        hook.start()
+        assert "a: a limit set by hand still holds control off for " in hook.process.log_path.read_text()
+        time.sleep(1.0)
+        assert limit_of(upstreams, "a") == 40
+    finally:
+        hook.stop()
+
+
 def test_a_hanging_engine_is_held_and_retried_while_the_other_is_steered(tmp_path, upstreams, vllm_exposition):
     ok, stuck = engine(upstreams, "ok", vllm_exposition), engine(upstreams, "stuck", vllm_exposition)
     hook = hook_with(tmp_path, ("ok", ok), ("stuck", stuck))

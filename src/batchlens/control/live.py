@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class Controller:
         store: Store,
         admins: Mapping[str, AdminClient],
         on_decided: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
     ):
         self.control = config.control
         self.slo = Slo(config.slo.ttft_seconds, config.slo.tpot_seconds)
@@ -67,6 +69,11 @@ class Controller:
         self._urls = {e.name: e.url + "/metrics" for e in config.engines}
         saved = store.controls()
         self.states = {name: saved.get(name, Steering()) for name in self._urls}
+        started = clock()
+        for name, state in self.states.items():
+            if state.manual_until > started:  # a restart must not hide that a hand still holds the knob
+                log.warning("%s: a limit set by hand still holds control off for %.0f s (manual_hold_seconds), at %s",
+                            name, state.manual_until - started, state.limit)  # fmt: skip
         self.decisions: Counter[tuple[str, str]] = Counter()  # (instance, reason)
         self.estimates: dict[str, Estimate] = {}
         self._samples: dict[str, deque[EngineSample]] = {name: deque() for name in self._urls}

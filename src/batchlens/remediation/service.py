@@ -112,7 +112,7 @@ class Remediator:
         self._dry_run_said: dict[str, int] = {}  # instance -> the limit a dry run last said it would set
         self.wake = asyncio.Event()
         enabled = config.control.enabled
-        self.controller = Controller(config, store, self.admins, self.wake.set) if enabled else None
+        self.controller = Controller(config, store, self.admins, self.wake.set, clock) if enabled else None
         self._quiet = min(1.0, config.control.interval_seconds) if self.controller else 1.0
 
     # --- the webhook's part: fast, no network ------------------------------------------------------------
