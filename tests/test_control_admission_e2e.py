@@ -55,7 +55,8 @@ def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_and_opens_th
         eventually(lambda: admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] is None, timeout=20,
                    what="the cap lifted once its estimate went stale")  # fmt: skip
         reasons = decisions(hook)
-        assert reasons.get("admission_estimated", 0) > 0 and reasons.get("admission_stale", 0) > 0, reasons
+        opened = reasons.get("admission_stale", 0) + reasons.get("admission_too_few_windows", 0)
+        assert reasons.get("admission_estimated", 0) > 0 and opened > 0, reasons  # the door failed open
         assert "queued-token cap none -> " in hook.process.log_path.read_text()
     finally:
         load.kill()

@@ -60,6 +60,10 @@ NO_DATA_HERE = {
     "PCIe": "the simulated GPU has no PCIe counters",
     "NVLink": "the simulated GPU has no NVLink",
     **dict.fromkeys(ROUTING_ROW, "no LiteLLM proxy in this stack: tests/test_routing_proxy.py fills the routing row"),
+    **dict.fromkeys(
+        ("Admission: the queued-token cap, wanted and in force", "Admission: prefill rate the cap rests on"),
+        "control.admission is off in this stack: tests/test_control_admission_e2e.py sets and reads the cap",
+    ),
 }
 
 

@@ -192,7 +192,6 @@ class Simulator:
         self, request: web.Request, req: api.Completion, request_id: str, pending: Pending
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
 
         async def send(payload: object) -> None:
             await response.write(
@@ -201,6 +200,7 @@ class Simulator:
 
         sent = 0
         try:
+            await response.prepare(request)  # the client may be gone already, before the headers
             while (count := await pending.tokens.get()) is not None:
                 for index in range(sent, count):
                     await send(api.chunk(req, request_id, index, None))
