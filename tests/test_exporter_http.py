@@ -30,15 +30,32 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return await reader.readuntil(b"\r\n\r\n")
 
 
-async def peer(script: Script) -> tuple[str, asyncio.Server, list[bytes]]:
-    """A scripted server; returns its URL, the server and the requests it read (appended by the script)."""
+async def peer(script: Script) -> tuple[str, asyncio.Server]:
+    """A scripted server: its URL, and the server."""
     server = await asyncio.start_server(script, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    return f"http://127.0.0.1:{port}", server, []
+    return f"http://127.0.0.1:{port}", server
 
 
 def run(coro: Awaitable) -> object:
     return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def refusal_of(script: Script) -> SourceError:
+    """The error one GET of the scripted peer's /metrics ends in (a 1 KiB limit, a 5 s timeout)."""
+
+    async def main() -> None:
+        url, server = await peer(script)
+        getter = HttpGetter()
+        try:
+            await getter.text(url + "/metrics", timeout=5, limit=1024)
+        finally:
+            await getter.aclose()
+            server.close()
+
+    with pytest.raises(SourceError) as err:
+        run(main())
+    return err.value
 
 
 def test_a_kept_alive_connection_is_reused_and_one_the_server_closed_is_retried_fresh() -> None:
@@ -58,7 +75,7 @@ def test_a_kept_alive_connection_is_reused_and_one_the_server_closed_is_retried_
                 await read_request(reader)
             writer.close()  # the third is never answered here: the server "timed out" the connection
 
-        url, server, _ = await peer(script)
+        url, server = await peer(script)
         getter = HttpGetter()
         try:
             return [await getter.text(url + "/metrics", timeout=5, limit=1024) for _ in range(3)]
@@ -73,23 +90,13 @@ def test_a_kept_alive_connection_is_reused_and_one_the_server_closed_is_retried_
 def test_a_server_that_never_answers_on_a_fresh_connection_is_a_protocol_error_not_a_retry_loop() -> None:
     accepted = []
 
-    async def main() -> None:
-        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            accepted.append(1)
-            await read_request(reader)
-            writer.close()
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        await read_request(reader)
+        writer.close()
 
-        url, server, _ = await peer(script)
-        getter = HttpGetter()
-        try:
-            await getter.text(url + "/metrics", timeout=5, limit=1024)
-        finally:
-            await getter.aclose()
-            server.close()
-
-    with pytest.raises(SourceError) as err:
-        run(main())
-    assert err.value.reason == "protocol" and "without answering" in str(err.value)
+    err = refusal_of(script)
+    assert err.reason == "protocol" and "without answering" in str(err)
     assert accepted == [1]
 
 
@@ -114,24 +121,14 @@ def test_a_server_that_never_answers_on_a_fresh_connection_is_a_protocol_error_n
     ids=["redirect", "content-length over the limit", "chunked over the limit", "not http", "cut short", "binary"],
 )
 def test_each_bad_answer_is_one_bounded_reason(answer: bytes, reason: str, says: str) -> None:
-    async def main() -> None:
-        async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await read_request(reader)
-            writer.write(answer)
-            await writer.drain()
-            writer.close()
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
 
-        url, server, _ = await peer(script)
-        getter = HttpGetter()
-        try:
-            await getter.text(url + "/metrics", timeout=5, limit=1024)
-        finally:
-            await getter.aclose()
-            server.close()
-
-    with pytest.raises(SourceError) as err:
-        run(main())
-    assert err.value.reason == reason and says in str(err.value), str(err.value)
+    err = refusal_of(script)
+    assert err.reason == reason and says in str(err), str(err)
 
 
 def test_a_hanging_body_times_out_and_a_refused_port_is_connect() -> None:
@@ -142,7 +139,7 @@ def test_a_hanging_body_times_out_and_a_refused_port_is_connect() -> None:
             await writer.drain()
             await asyncio.sleep(30)
 
-        url, server, _ = await peer(script)
+        url, server = await peer(script)
         getter = HttpGetter()
         errors = []
         for target in (url, "http://127.0.0.1:9"):
@@ -172,7 +169,7 @@ def test_the_request_carries_the_path_query_host_and_url_credentials_but_a_given
                 writer.write(ok(b"fine"))
                 await writer.drain()
 
-        url, server, _ = await peer(script)
+        url, server = await peer(script)
         with_user = url.replace("http://", "http://ops:p%40ss@")
         getter = HttpGetter()
         await getter.text(with_user + "/prefix/metrics?x=1", timeout=5, limit=1024)

@@ -68,6 +68,10 @@ class Tuning:
     peak_seconds: float = 60.0  # after a fall, no growth back to the limit that fell for this long
     settle_seconds: float = 2.0  # tokens/s is judged on windows that start this long after the limit moved
 
+    def clamp(self, limit: int) -> int:
+        """``limit`` within min_limit..max_limit."""
+        return min(max(limit, self.min_limit), self.max_limit)
+
     def __post_init__(self) -> None:
         if not 1 <= self.min_limit <= self.max_limit:
             raise ValueError(f"need 1 <= min_limit <= max_limit, got {self.min_limit} and {self.max_limit}")
@@ -184,7 +188,7 @@ def decode_pace(w: Window, tuning: Tuning) -> float:
 def _move(state: State, target: int, hold_until: float, reason: str, tuning: Tuning, now: float) -> Decision:
     step = max(1, math.floor(state.limit * tuning.max_step))
     bounded = min(max(target, state.limit - step), state.limit + step)
-    limit = min(max(bounded, tuning.min_limit), tuning.max_limit)
+    limit = tuning.clamp(bounded)
     if limit == state.limit:
         return Decision(state, reason)
     moved = replace(state, limit=limit, hold_until=hold_until if limit < state.limit else 0.0, since=now, below=0)

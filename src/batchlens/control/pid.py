@@ -60,6 +60,6 @@ def decide_pid(state: PidState, w: Window, slo: Slo, tuning: Tuning, gains: Gain
     gain = gains.kp * error + gains.ki * integral + gains.kd * derivative
     step = max(1, math.floor(state.limit * tuning.max_step))
     moved = state.limit + max(-step, min(step, round(state.limit * gain)))
-    limit = min(max(moved, tuning.min_limit), tuning.max_limit)
+    limit = tuning.clamp(moved)
     reason = "pid_up" if limit > state.limit else "pid_down" if limit < state.limit else "pid_hold"
     return replace(state, limit=limit, integral=integral, last_error=error), reason

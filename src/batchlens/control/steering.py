@@ -89,7 +89,7 @@ def bounds_said(control: Control, capacity: int) -> tuple[str, bool]:
     over = [f"{key} {value}" for key, value in wanted.items() if value is not None and value > capacity]
     used = f"limits {bounds.min_limit}..{bounds.max_limit}"
     if start is not None:
-        used += f", starting at {min(max(start, bounds.min_limit), bounds.max_limit)}"
+        used += f", starting at {bounds.clamp(start)}"
     if not over:
         return used, False
     return f"{used}: control.{', control.'.join(over)} above the engine's capacity {capacity} (max_num_seqs)", True
@@ -111,7 +111,7 @@ def steer(
     bounds = tuning(control, capacity)
     if state.limit is None:  # the first tick: from the configured start, or from where the engine is
         start = in_force if control.start_limit is None else control.start_limit
-        state = replace(state, limit=min(max(start, bounds.min_limit), bounds.max_limit))
+        state = replace(state, limit=bounds.clamp(start))
     moved = state.seen_limit is not None and in_force != state.seen_limit
     state = replace(state, seen_limit=in_force)
     if moved and in_force not in set_by_batchlens:

@@ -16,7 +16,7 @@ import base64
 import contextlib
 import ssl
 from collections.abc import Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import h11
 
@@ -65,7 +65,7 @@ class HttpGetter:
 
     async def _get(self, url: str, headers: dict[str, str], limit: int) -> bytes:
         parts = urlsplit(url)
-        origin = _origin_of(url)
+        origin = _origin_of(parts)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rpartition("@")[2]
         if parts.username is not None and "authorization" not in {k.lower() for k in headers}:
@@ -177,8 +177,7 @@ class _Stale(Exception):
     """The server closed the connection before answering: safe to send a GET again."""
 
 
-def _origin_of(url: str) -> Origin:
-    parts = urlsplit(url)
+def _origin_of(parts: SplitResult) -> Origin:
     return (parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
 
 

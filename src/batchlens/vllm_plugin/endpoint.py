@@ -222,13 +222,17 @@ def _route(handler: Handler) -> Callable[[Request], Awaitable[JSONResponse]]:
     return route
 
 
+def _client(request: Request) -> str:
+    """Who asked for a change, for the log line that records it."""
+    return request.client.host if request.client else "unknown"
+
+
 async def _get_batch(service: AdminService, _request: Request) -> BaseModel:
     return await service.batch()
 
 
 async def _put_batch(service: AdminService, request: Request) -> BaseModel:
-    client = request.client.host if request.client else "unknown"
-    return await service.set_batch(await request.body(), client)
+    return await service.set_batch(await request.body(), _client(request))
 
 
 async def _get_info(service: AdminService, _request: Request) -> BaseModel:
@@ -240,12 +244,11 @@ async def _get_admission(service: AdminService, _request: Request) -> BaseModel:
 
 
 async def _put_admission(service: AdminService, request: Request) -> BaseModel:
-    client = request.client.host if request.client else "unknown"
-    return await service.set_admission(await request.body(), client)
+    return await service.set_admission(await request.body(), _client(request))
 
 
 async def _reset_prefix_cache(service: AdminService, request: Request) -> BaseModel:
-    return await service.reset_prefix_cache(request.client.host if request.client else "unknown")
+    return await service.reset_prefix_cache(_client(request))
 
 
 def attach_routes(app: FastAPI) -> None:
