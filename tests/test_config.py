@@ -137,3 +137,17 @@ def test_cli_reports_a_bad_config_without_a_traceback(tmp_path) -> None:
     run = subprocess.run([BATCHLENS, "config", "show", "--config", str(path)], capture_output=True, text=True)
     assert run.returncode != 0
     assert "exporter.interval_seconds" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "admin_url"),
+    [
+        ("http://vllm-a:8000", "http://vllm-a:8001"),
+        ("http://u:p@[fd00::1]:8000/base", "http://u:p@[fd00::1]:8001/base"),
+        ("https://vllm.example.com", "https://vllm.example.com:8001"),
+    ],
+)
+def test_an_admin_port_keeps_the_engines_host_so_the_token_goes_nowhere_else(url, admin_url) -> None:
+    engine = load_config(None, {"engines": [{"url": url, "admin_port": 8001}]}).engines[0]
+    plain = load_config(None, {"engines": [{"url": url}]}).engines[0]
+    assert (engine.admin_url, engine.name, plain.admin_url) == (admin_url, plain.name, url)

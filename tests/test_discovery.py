@@ -61,6 +61,13 @@ def test_a_discovered_engine_carries_its_pods_token_and_never_shows_it() -> None
     assert mine != engine and mine != engine.with_admin_token("rotated", "the Secret serving/batchlens-admin-token")
 
 
+def test_a_discovered_engines_admin_api_is_on_the_pods_ip_at_the_admin_port_where_one_is_set() -> None:
+    found = [Pod.from_dict(pod("vllm-0", "10.1.0.8"))]
+    [engine], _ = engines_of(found, Kubernetes(namespaces=["serving"], admin_port=8001))
+    assert (engine.url, engine.admin_url) == ("http://10.1.0.8:8000", "http://10.1.0.8:8001")
+    assert engines_of(found, Kubernetes(namespaces=["serving"]))[0][0].admin_url == "http://10.1.0.8:8000"
+
+
 @pytest.fixture
 def api():
     """The fake API server, with two pods' servers on 127.0.0.2 and 127.0.0.3; tests say what it lists."""

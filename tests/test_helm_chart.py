@@ -190,6 +190,7 @@ def test_the_generated_config_is_a_valid_batchlens_config(rendered) -> None:
         # the socket the DaemonSet mounts read-only (tests/test_pod_resources.py reads one)
         assert config.exporter.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
         assert [e.name for e in config.engines] == [e["name"] for e in VALUES[name].get("engines", [])]
+        assert config.kubernetes.admin_port == VALUES[name]["discovery"].get("adminPort")
         if name == "all-enabled-values":
             assert config.thresholds.kv_blocks_ratio == 0.85 and config.control.enabled
 
@@ -427,7 +428,7 @@ def test_the_network_policies_allow_exactly_what_the_docs_say(rendered) -> None:
     full = {p["metadata"]["name"].rsplit("-", 1)[1]: p["spec"] for p in of_kind(rendered["all-enabled-values"],
                                                                                  "NetworkPolicy")}  # fmt: skip
     [engine_rule, _am, api_rule, _dns, extra] = full["remediate"]["egress"]
-    assert engine_rule == {"to": [peer("serving", **vllm), peer("serving-canary", **vllm)], "ports": tcp(8000)}
+    assert engine_rule == {"to": [peer("serving", **vllm), peer("serving-canary", **vllm)], "ports": tcp(8000, 8001)}
     assert api_rule == {"ports": tcp(443, 6443), "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}
     assert extra["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
     assert full["exporter"]["ingress"][0]["from"] == [peer("monitoring", **{"app.kubernetes.io/name": "prometheus"})]

@@ -8,6 +8,7 @@ that answers 401 or hangs. A real vLLM is in test_remediate_vllm.py.
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from batchlens.admin_api import BATCH_PATH
 from harness.admin import AdminClient
 from harness.alertmanager import AlertmanagerServer
-from harness.exporter import pick
-from harness.procs import free_port
+from harness.exporter import ExporterProcess, pick
+from harness.procs import free_port, http_get
 from harness.prometheus import require_binary
 from harness.remediate import WEBHOOK_TOKEN, RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
@@ -371,3 +373,25 @@ def test_the_metrics_pass_promtool(sim, start_hook) -> None:
     for family in ("batchlens_breaker_state", "batchlens_breaker_strikes", "batchlens_batch_limit_target",
                    "batchlens_remediation_actions_total", "batchlens_webhook_requests_total"):  # fmt: skip
         assert family.encode() in text, family
+
+
+def test_with_the_admin_api_on_its_own_port_the_hook_and_the_exporter_use_that_port_alone(tmp_path) -> None:
+    """vLLM's BATCHLENS_ADMIN_PORT, as the simulator's --admin-port: the API port no longer serves the admin API,
+    and an engine's ``admin_port`` sends the hook's PUT and the exporter's GET (with the token) to that port."""
+    admin_port = free_port()
+    sim = SimulatorProcess(tmp_path, args=("--max-num-seqs", str(CAPACITY), "--admin-port", str(admin_port)))
+    engines = [{"name": "sim", "url": sim.url, "admin_port": admin_port}]
+    (tmp_path / "exporter.yaml").write_text(json.dumps({"engines": engines, "exporter": {"nvml": False}}))
+    hook = RemediateProcess(tmp_path, {**hook_config(), "engines": engines}, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+    exporter = ExporterProcess(tmp_path, (), extra_args=("--config", str(tmp_path / "exporter.yaml")),
+                               env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
+    try:
+        assert http_get(sim.url + BATCH_PATH, headers={"Authorization": f"Bearer {sim.token}"})[0] == 404
+        admin = AdminClient(f"http://127.0.0.1:{admin_port}", sim.token)
+        assert hook.post(notification(alert("sim")))[0] == 200
+        eventually(lambda: admin.state().max_num_active_seqs == 16, "the hook halving through the admin port")
+        exporter.wait_for(lambda s: list(pick(s, "batchlens_batch_limit", vllm_instance="sim").values()) == [16.0],
+                          what="the limit, read there")  # fmt: skip
+    finally:
+        for process in (exporter, hook, sim):
+            process.stop()

@@ -3,8 +3,9 @@
 The session's server (tests/conftest.py) loads the plugin as a user would: the
 wheel built from this checkout, pip-installed, ``VLLM_PLUGINS=batchlens``,
 ``BATCHLENS_ADMIN_TOKEN`` set. Two
-smaller servers of this module's own cover data parallelism and a server with
-no token (``--enforce-eager`` keeps their start under a minute).
+smaller servers of this module's own cover data parallelism (with the admin API
+on a port of its own) and a server with no token (``--enforce-eager`` keeps
+their start under a minute).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, TOKEN_ENV
+from batchlens.vllm_plugin.admin_port import HOST_ENV, PORT_ENV, AdminListen, admin_listen
 from harness.admin import (
     AdminClient,
     check_admission_contract,
@@ -33,6 +35,7 @@ from harness.admin import (
     set_caps,
 )
 from harness.exporter import parse_samples, pick
+from harness.procs import free_port, http_get
 from harness.vllm import ADMIN_TOKEN, VLLM_VERSION, VllmServer, start_vllm, vllm_python
 from harness.wheel import Distributions
 
@@ -190,9 +193,12 @@ def test_vllm_is_unaffected_by_the_plugin(vllm_server: VllmServer) -> None:
     assert bad == []
 
 
+DP_ADMIN_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
-    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN}
+    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN, PORT_ENV: str(DP_ADMIN_PORT)}
     server = start_vllm(
         tmp_path_factory.mktemp("vllm-dp"),
         env=env,
@@ -205,7 +211,11 @@ def dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[st
 
 
 def test_with_data_parallelism_a_change_applies_to_every_engine(dp_server: VllmServer) -> None:
-    client = admin(dp_server)
+    """And with BATCHLENS_ADMIN_PORT, the admin API is on that port alone: vLLM's port answers 404 for it."""
+    token = {"Authorization": f"Bearer {dp_server.admin_token}"}
+    assert http_get(dp_server.url + BATCH_PATH, headers=token)[0] == 404
+    assert "batchlens: admin API on its own port, 127.0.0.1:" in dp_server.process.log_path.read_text(errors="replace")
+    client = AdminClient(f"http://127.0.0.1:{DP_ADMIN_PORT}", dp_server.admin_token)
     check_contract(client, 16)
     state = client.set_limit(3)
     assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
@@ -301,9 +311,9 @@ def test_the_plugin_picks_the_mechanism_the_scheduler_offers_or_refuses(vllm_plu
         assert refusals == []
 
 
-MIDDLEWARE = textwrap.dedent(
+MIDDLEWARE_APP = textwrap.dedent(
     """
-    import asyncio, os
+    import asyncio, json, os, time, urllib.request
     from fastapi import FastAPI
     from starlette.testclient import TestClient
     from batchlens.vllm_plugin.middleware import AdminMiddleware
@@ -329,8 +339,12 @@ MIDDLEWARE = textwrap.dedent(
     async def completions():
         return {"served": "by vLLM"}
     app.add_middleware(AdminMiddleware)  # what vLLM does with --middleware
-    client = TestClient(app)
     auth = {"Authorization": "Bearer " + os.environ["BATCHLENS_ADMIN_TOKEN"]}
+    """
+)
+MIDDLEWARE = MIDDLEWARE_APP + textwrap.dedent(
+    """
+    client = TestClient(app)
     print("BEFORE", client.get("/batchlens/v1/batch", headers=auth).status_code)
     app.state.engine_client = EngineClient()
     print("NOAUTH", client.get("/batchlens/v1/batch").status_code)
@@ -338,6 +352,21 @@ MIDDLEWARE = textwrap.dedent(
     print("INFO", client.get("/batchlens/v1/info", headers=auth).json())
     print("VLLM", client.post("/v1/completions", json={}).json())
     print("CALLS", EngineClient.engine_core.calls)
+    """
+)
+OWN_PORT = MIDDLEWARE_APP + textwrap.dedent(
+    """
+    app.state.engine_client = EngineClient()
+    own = f"http://127.0.0.1:{os.environ['BATCHLENS_ADMIN_PORT']}/batchlens/v1/batch"
+    with TestClient(app) as client:  # runs vLLM's lifespan: the port opens when its startup completes
+        print("MAIN", client.get("/batchlens/v1/batch", headers=auth).status_code)
+        for _ in range(100):
+            try:
+                reply = urllib.request.urlopen(urllib.request.Request(own, headers=auth), timeout=2)
+                break
+            except OSError:
+                time.sleep(0.05)
+        print("OWN", json.load(reply)["max_num_active_seqs"])
     """
 )
 
@@ -358,3 +387,26 @@ def test_the_middleware_serves_the_admin_api_where_vllm_has_no_endpoint_plugins(
     assert "'api_route': '--middleware'" in out["INFO"] and "'admission': 'running_cap'" in out["INFO"]
     assert out["VLLM"] == "{'served': 'by vLLM'}"  # every other request is vLLM's
     assert out["CALLS"].count("batchlens_batch") == 2 and "('batchlens_batch', (4,))" in out["CALLS"]
+
+
+def test_with_an_admin_port_the_middleware_serves_the_admin_api_there_alone(vllm_plugin_env) -> None:
+    env = {**os.environ, **vllm_plugin_env, TOKEN_ENV: "tok", PORT_ENV: str(free_port())}
+    done = subprocess.run([str(vllm_python()), "-c", OWN_PORT], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert (out["MAIN"], out["OWN"]) == ("404", "32")
+
+
+@pytest.mark.parametrize(
+    ("environ", "listen"),
+    [
+        ({}, AdminListen()),
+        ({PORT_ENV: "8001"}, AdminListen(port=8001)),
+        ({PORT_ENV: " 8001 ", HOST_ENV: "0.0.0.0"}, AdminListen("0.0.0.0", 8001)),
+        ({PORT_ENV: "80x"}, AdminListen(refusal="BATCHLENS_ADMIN_PORT='80x' is not a port (1-65535)")),
+        ({PORT_ENV: "0"}, AdminListen(refusal="BATCHLENS_ADMIN_PORT='0' is not a port (1-65535)")),
+    ],
+)
+def test_a_port_that_is_not_one_serves_the_admin_api_nowhere_never_on_vllms_port(environ, listen) -> None:
+    assert admin_listen(environ) == listen
+    assert admin_listen(environ).separate == bool(environ)

@@ -110,6 +110,10 @@ class Engine(_Section):
 
     name: str = Field("", description="the vllm_instance label; defaults to host:port of the url")
     url: str = Field(description="vLLM base URL; /metrics and /batchlens/v1/* live under it")
+    admin_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="the admin API's own port on the url's host (vLLM with BATCHLENS_ADMIN_PORT); default: the url's",
+    )  # fmt: skip
     admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
     gpus: list[int | str] = Field(default_factory=list, description="static GPU mapping (indexes or UUIDs)")
     simulated_gpu: bool = Field(
@@ -169,6 +173,16 @@ class Engine(_Section):
     def port(self) -> int:
         parts = urlsplit(self.url)
         return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def admin_url(self) -> str:
+        """Where /batchlens/v1/* lives: the url, or its host on admin_port. Never another host, so the token
+        goes only to the address that is this engine."""
+        if self.admin_port is None:
+            return self.url
+        parts = urlsplit(self.url)
+        host = parts.netloc.rpartition(":")[0] if parts.port else parts.netloc  # user info and brackets kept
+        return urlunsplit((parts.scheme, f"{host}:{self.admin_port}", parts.path, "", ""))
 
     @property
     def is_local(self) -> bool:
@@ -290,6 +304,9 @@ class Kubernetes(_Section):
         default_factory=list, description="the namespaces whose pods may be engines (required with discover)"
     )
     port: int = Field(8000, ge=1, le=65535, description="vLLM's API port on the pod's IP")
+    admin_port: int | None = Field(
+        None, ge=1, le=65535, description="the admin API's own port on the pod's IP (BATCHLENS_ADMIN_PORT); none: port"
+    )
     node_name_env: str = Field(
         "NODE_NAME", description="the exporter reads only the pods of the node this variable names (a DaemonSet)"
     )

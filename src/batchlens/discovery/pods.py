@@ -53,6 +53,7 @@ def engines_of(pods: Iterable, settings: Kubernetes) -> tuple[list[Engine], Coun
                 Engine(
                     name=f"{meta.namespace}/{meta.name}",
                     url=f"http://{host}:{settings.port}",
+                    admin_port=settings.admin_port,
                     labels={"namespace": meta.namespace, "pod": meta.name},
                 )
             )

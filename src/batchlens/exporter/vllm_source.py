@@ -93,7 +93,7 @@ class VllmSource:
 
     async def _admin_state(self) -> BatchState | tuple[str, str] | None:
         """The batch state, None where the server has no admin API, or a soft error."""
-        url = self.engine.url + BATCH_PATH
+        url = self.engine.admin_url + BATCH_PATH
         try:
             headers = bearer(self._token)
             body = await self._http.text(url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=headers)

@@ -158,7 +158,7 @@ class Remediator:
         """Steer ``engine`` from now on, from its saved state if it has one."""
         name = engine.name
         self.engines[name] = engine
-        self.admins[name] = AdminClient(self._session, engine.url, engine.admin_token(self._environ))
+        self.admins[name] = AdminClient(self._session, engine.admin_url, engine.admin_token(self._environ))
         state = saved.get(name, EngineState())
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
         if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)

@@ -30,6 +30,10 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
     help="Env variable holding the admin API token; without one the admin API answers 503.",
 )  # fmt: skip
 @click.option(
+    "--admin-port", type=click.IntRange(1, 65535), metavar="PORT",
+    help="Serve the admin API on this port of --listen's host alone, as the plugin does with BATCHLENS_ADMIN_PORT.",
+)  # fmt: skip
+@click.option(
     "--vllm-version", default=DEFAULT_VLLM_VERSION, show_default=True,
     help="Speak this vLLM release's metric dialect (0.10 to 0.33): 0.10 also exposes the deprecated "
     "gpu_cache_usage_perc, gpu_prefix_cache_* and time_per_output_token_seconds, 0.11 the last of them.",
@@ -45,6 +49,7 @@ def simulate(
     block_size: int,
     speed: float,
     admin_token_env: str,
+    admin_port: int | None,
     vllm_version: str,
 ) -> None:
     """Serve a simulated vLLM: the OpenAI API, vLLM's /metrics and the batchlens admin API.
@@ -81,6 +86,6 @@ def simulate(
         admin_token=admin_token(os.environ, admin_token_env), vllm_version=vllm_version,
     )  # fmt: skip
     try:
-        serve(simulator, host, port)
+        serve(simulator, host, port, admin_port)
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from None

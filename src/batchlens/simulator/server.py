@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -323,7 +323,16 @@ class Simulator:
         if self._task is not None:
             self._task.cancel()
 
-    def app(self) -> web.Application:
+    def _add_admin_routes(self, app: web.Application) -> None:
+        app.router.add_get(BATCH_PATH, self._admin(self._get_batch))
+        app.router.add_put(BATCH_PATH, self._admin(self._put_batch))
+        app.router.add_get(INFO_PATH, self._admin(self._info))
+        app.router.add_post(CACHE_RESET_PATH, self._admin(self._reset_prefix_cache))
+        app.router.add_get(ADMISSION_PATH, self._admin(self._get_admission))
+        app.router.add_put(ADMISSION_PATH, self._admin(self._put_admission))
+
+    def app(self, admin_listen: tuple[str, int] | None = None) -> web.Application:
+        """The server; with ``admin_listen``, the admin API on that address alone, as the plugin's own port."""
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/completions", lambda r: self.completions(r, chat=False))
         app.router.add_post("/v1/chat/completions", lambda r: self.completions(r, chat=True))
@@ -332,15 +341,27 @@ class Simulator:
         app.router.add_get("/version", self.version)
         app.router.add_get("/metrics", self.prometheus)
         app.router.add_get(GPU_PATH, self.sim_gpu)
-        app.router.add_get(BATCH_PATH, self._admin(self._get_batch))
-        app.router.add_put(BATCH_PATH, self._admin(self._put_batch))
-        app.router.add_get(INFO_PATH, self._admin(self._info))
-        app.router.add_post(CACHE_RESET_PATH, self._admin(self._reset_prefix_cache))
-        app.router.add_get(ADMISSION_PATH, self._admin(self._get_admission))
-        app.router.add_put(ADMISSION_PATH, self._admin(self._put_admission))
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
+        if admin_listen is None:
+            self._add_admin_routes(app)
+        else:
+            admin = web.Application(client_max_size=MAX_BODY_BYTES)
+            self._add_admin_routes(admin)
+            app.cleanup_ctx.append(lambda _app: _serving(admin, *admin_listen))
         return app
+
+
+async def _serving(app: web.Application, host: str, port: int) -> AsyncIterator[None]:
+    """A second aiohttp app on its own address, for the main app's lifetime (a port that is taken fails the start)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        log.info("admin API on its own port, http://%s:%d; the API port answers 404 for it", host, port)
+        yield
+    finally:
+        await runner.cleanup()
 
 
 def _engine_stopped(task: asyncio.Task[None]) -> None:
@@ -359,6 +380,7 @@ def admin_token(environ: Mapping[str, str], variable: str) -> str | None:
     return token
 
 
-def serve(simulator: Simulator, host: str, port: int) -> None:
+def serve(simulator: Simulator, host: str, port: int, admin_port: int | None = None) -> None:
     ready = f"batchlens simulator (vLLM {simulator.vllm_version} API) serving {simulator.model_name} on http://{host}:{port}"
-    run_app(simulator.app(), host, port, logger=log, ready=ready, access_log=None, shutdown_timeout=2)
+    app = simulator.app(None if admin_port is None else (host, admin_port))
+    run_app(app, host, port, logger=log, ready=ready, access_log=None, shutdown_timeout=2)

@@ -56,6 +56,8 @@ from batchlens.clikit import load as load_or_fail
     help="The batchlens exporter watching the engine's GPUs, for memory busy and DRAM bandwidth.",
 )
 @click.option("--vllm-instance", metavar="NAME", help="The engine's vllm_instance label at --exporter.")
+@click.option("--admin-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="The admin API's own port on the engine's host (vLLM run with BATCHLENS_ADMIN_PORT).")  # fmt: skip
 @click.option(
     "--admin-token-env", default=TOKEN_ENV, show_default=True, help="Env variable holding the engine's admin API token."
 )
@@ -70,8 +72,8 @@ from batchlens.clikit import load as load_or_fail
 def sweep(
     config_path: str | None, engine_url: str, limits: tuple[int, ...], settle: float, measure: float,
     load_factor: float, prompt_tokens: tuple[int, ...], output_tokens: tuple[int, ...], latency: str | None,
-    slo: float | None, min_gain: float, exporter_url: str | None, vllm_instance: str | None, admin_token_env: str,
-    out: str, seed: int,
+    slo: float | None, min_gain: float, exporter_url: str | None, vllm_instance: str | None, admin_port: int | None,
+    admin_token_env: str, out: str, seed: int,
 ) -> None:  # fmt: skip
     """Find the batch-size knee of a running engine: throughput and P99 against the batch limit.
 
@@ -91,6 +93,7 @@ def sweep(
 
     import aiohttp
 
+    from batchlens.config import Engine
     from batchlens.remediation.admin_client import AdminCallError
     from batchlens.stopping import Stopped, run_stoppable
     from batchlens.sweep.knee import Point, find_knee
@@ -112,6 +115,7 @@ def sweep(
             return await Sweep(
                 session, engine_url, os.environ.get(admin_token_env) or None, spec, exporter_url=exporter_url,
                 vllm_instance=vllm_instance, on_second=lambda: bar.update(1),
+                admin_url=Engine(url=engine_url, admin_port=admin_port).admin_url,
             ).run()  # fmt: skip
 
     label = f"sweeping {len(spec.limits)} limits"

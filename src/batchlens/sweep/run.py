@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from batchlens.admin_api import BATCH_PATH
 from batchlens.exporter.gpu_metrics import DRAM_BANDWIDTH, MEMORY_BUSY
 from batchlens.exporter.parser import ExpositionReader, ParseError
 from batchlens.load.client import first_model, send
@@ -112,10 +111,11 @@ class Sweep:
         exporter_url: str | None = None,
         vllm_instance: str | None = None,
         on_second: Callable[[], None] = lambda: None,
+        admin_url: str | None = None,
     ):
         self.session = session
         self.url = engine_url.rstrip("/")
-        self.admin = AdminClient(session, self.url, admin_token, timeout=10)
+        self.admin = AdminClient(session, admin_url or self.url, admin_token, timeout=10)
         self.spec = spec
         self.exporter_url = exporter_url.rstrip("/") if exporter_url else None
         self.vllm_instance = vllm_instance
@@ -160,8 +160,8 @@ class Sweep:
                 log.info("sweep: batch limit put back to %d", state.max_num_active_seqs)
             except AdminCallError as exc:
                 log.error(
-                    "could not put the batch limit back to %d: %s. Set it with PUT %s%s",
-                    state.max_num_active_seqs, exc, self.url, BATCH_PATH,
+                    "could not put the batch limit back to %d: %s. Set it with PUT %s",
+                    state.max_num_active_seqs, exc, self.admin.url,
                 )  # fmt: skip
 
     async def _get(self, url: str) -> str:

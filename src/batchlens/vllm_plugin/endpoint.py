@@ -39,6 +39,7 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
+from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import Support, check_installed_vllm
@@ -260,6 +261,13 @@ def attach_routes(app: FastAPI) -> None:
     app.add_api_route(ADMISSION_PATH, _route(_put_admission), methods=["PUT"], include_in_schema=False)
 
 
+def admin_app() -> FastAPI:
+    """The routes as an app of their own: for ``--middleware`` and for the admin API's own port."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    attach_routes(app)
+    return app
+
+
 class BatchlensEndpoint:
     """vLLM's EndpointPlugin protocol (vllm/plugins/endpoint_plugins/interface.py), vLLM 0.32 and later."""
 
@@ -268,12 +276,22 @@ class BatchlensEndpoint:
 
     def __init__(self) -> None:
         self.support = check_installed_vllm()
+        self.listen = admin_listen(os.environ)
+        self.own_port: FastAPI | None = None  # the admin API's app, where it has a port of its own
+        self._server: asyncio.Task | None = None  # held, so that the loop does not drop it
 
     def attach_router(self, app: FastAPI) -> None:
         log_refusal(self.support)
-        attach_routes(app)
+        if self.listen.separate:
+            self.own_port = admin_app()
+        else:
+            attach_routes(app)
         # Arrivals feed `batchlens advise` (inter-arrival times, streaming share): see batchlens.arrivals.
         app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics(), retry_after=lambda: retry_after_of(app.state))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
-        setattr(state, STATE_KEY, admin_state(engine_client, self.support))
+        service = admin_state(engine_client, self.support)
+        setattr(state, STATE_KEY, service)
+        if self.own_port is not None:
+            setattr(self.own_port.state, STATE_KEY, service)
+            self._server = start_admin_server(self.own_port, self.listen)

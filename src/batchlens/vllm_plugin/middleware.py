@@ -12,35 +12,54 @@ first request can come.
 
 from __future__ import annotations
 
+import asyncio
+import os
 from dataclasses import replace
 from typing import Any
 
-from fastapi import FastAPI
-
 from batchlens.admin_api import API_PREFIX
+from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import MIDDLEWARE, check_installed_vllm
-from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_state, attach_routes, log_refusal, retry_after_of
+from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_app, admin_state, log_refusal, retry_after_of
 
 
 class AdminMiddleware:
     def __init__(self, app: Any):
         self.support = replace(check_installed_vllm(), api_route=MIDDLEWARE)  # whatever else this vLLM offers
         log_refusal(self.support)
-        self.admin = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+        self.listen = admin_listen(os.environ)
+        self.admin = admin_app()
         self.app = ArrivalMiddleware(
             app, arrivals=arrival_metrics(), retry_after=lambda: retry_after_of(self.admin.state)
         )
-        attach_routes(self.admin)
+        self._server: asyncio.Task | None = None  # the admin API's own port, where it has one
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").startswith(API_PREFIX):
+        if scope["type"] == "lifespan" and self.listen.separate:
+            await self.app(scope, receive, self._start_own_port(scope, send))
+            return
+        if scope["type"] != "http" or not scope.get("path", "").startswith(API_PREFIX) or self.listen.separate:
             await self.app(scope, receive, send)
             return
+        self._bind(scope)
+        await self.admin(scope, receive, send)
+
+    def _bind(self, scope: dict) -> None:
+        """The engine client, once vLLM has one: its Starlette app puts itself in the scope, the client on its state."""
         if getattr(self.admin.state, STATE_KEY, None) is None:
-            # vLLM's Starlette app puts itself in the scope; its state holds the engine client after startup.
             engine_client = getattr(scope["app"].state, "engine_client", None)
             if engine_client is not None:
                 setattr(self.admin.state, STATE_KEY, admin_state(engine_client, self.support))
-        await self.admin(scope, receive, send)
+
+    def _start_own_port(self, scope: dict, send: Any) -> Any:
+        """vLLM's lifespan, watched: once its startup is complete the engine client exists, and the port opens."""
+
+        async def watch(message: dict) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete" and self._server is None:
+                self._bind(scope)
+                self._server = start_admin_server(self.admin, self.listen)
+
+        return watch
