@@ -8,7 +8,10 @@ real client.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
 
 import pytest
 from lightkube.resources.core_v1 import Pod
@@ -16,10 +19,12 @@ from pydantic import ValidationError
 
 from batchlens.config import Kubernetes
 from batchlens.discovery.pods import engines_of
-from harness.exporter import ExporterProcess, one, pick
+from harness.exporter import BATCHLENS, ExporterProcess, one, pick
 from harness.kube_api import FakeKubernetes, pod
 from harness.procs import free_port, wait_until
 from harness.remediate import WEBHOOK_TOKEN, RemediateProcess, alert, notification
+
+WEBHOOK_ENV = "BATCHLENS_WEBHOOK_TOKEN"
 
 
 def test_running_pods_with_an_ip_are_engines_and_the_rest_is_counted() -> None:
@@ -274,3 +279,58 @@ def test_a_tenants_webhook_token_acts_on_its_own_namespace_only(tmp_path) -> Non
         if hook is not None:
             hook.stop()
         api.close()
+
+
+def test_the_hook_fills_the_secrets_the_chart_rendered_empty_once_and_restarts_to_read_them(api, tmp_path) -> None:
+    """Issue 30: `helm template` made a new random token on every render. The chart now renders the Secrets
+    empty and marked, and `batchlens remediate` writes each missing token once, then exits 75 so that the
+    pod starts again with it in its environment. A Secret without the mark is never written."""
+    api.tokens = {"serving": "", "team-b": ""}
+    api.fill_marked = {"serving"}
+    fill = [{"namespace": ns, "name": "batchlens-admin-token", "keys": ["token", "webhook-token"]}
+            for ns in ("serving", "team-b")]  # fmt: skip
+    config = {"kubernetes": {**discovery(api, ("serving", "team-b")), "fill_secrets": fill}}
+    (tmp_path / "hook.yaml").write_text(json.dumps({**config, "remediate": {"listen": f"127.0.0.1:{free_port()}",
+                                                    "state_path": str(tmp_path / "s.sqlite")}}))  # fmt: skip
+    argv = [BATCHLENS, "remediate", "--config", str(tmp_path / "hook.yaml")]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, WEBHOOK_ENV: ""})
+    assert first.returncode == 75, first.stderr[-2000:]
+    assert "exiting so that Kubernetes restarts it with the tokens just written" in first.stderr
+    assert "team-b/batchlens-admin-token has no token, webhook-token, and no batchlens.io/fill-tokens" in first.stderr
+    written = (api.tokens["serving"], api.webhook_tokens["serving"])
+    assert all(len(t) >= 32 for t in written) and written[0] != written[1] and api.tokens["team-b"] == ""
+    assert not any(t in first.stderr for t in written)  # a token is never logged
+    assert [ns for ns, _ in api.patches] == ["serving"]
+
+    # The restarted pod has its token: nothing more is written, and the hook serves.
+    hook = RemediateProcess(tmp_path, config, env={WEBHOOK_ENV: WEBHOOK_TOKEN})
+    try:
+        assert hook.health() and len(api.patches) == 1 and api.tokens["serving"] == written[0]
+    finally:
+        hook.stop()
+
+
+def test_two_writers_racing_to_fill_a_secret_keep_the_first_ones_tokens(api) -> None:
+    """The write names the version it read: the second writer gets 409 and writes nothing."""
+    from batchlens.config import SecretToFill
+    from batchlens.discovery.kubernetes import PodLister
+
+    api.tokens, api.fill_marked = {"serving": ""}, {"serving"}
+    wanted = SecretToFill(namespace="serving", name="batchlens-admin-token", keys=["token"])
+
+    async def race() -> tuple[list[str], list[str]]:
+        first, second = PodLister(Kubernetes(**discovery(api))), PodLister(Kubernetes(**discovery(api)))
+        real_patch = second._client.patch
+
+        async def patch_after_the_first(*args, **kwargs):
+            await first.fill(wanted)  # the first writer lands between the second's read and its write
+            return await real_patch(*args, **kwargs)
+
+        second._client.patch = patch_after_the_first
+        try:
+            return await second.fill(wanted), await first.fill(wanted)
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    assert asyncio.run(race()) == ([], []) and len(api.patches) == 1 and api.tokens["serving"]

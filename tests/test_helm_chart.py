@@ -233,14 +233,14 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
         namespaces = values["discovery"]["namespaces"]
         secret = values.get("adminToken", {}).get("existingSecret") or f"{RELEASE}-batchlens-admin-token"
         assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding"), name
-        roles = of_kind(docs, "Role")
+        roles = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-engines")]
         assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces), name
         for role in roles:
             assert role["rules"] == [
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                 {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": ["get"]},
             ], name
-        bindings = of_kind(docs, "RoleBinding")
+        bindings = [b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith("-engines")]
         assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces), name
         assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
         [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
@@ -255,13 +255,45 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
             env = {e["name"] for c in workload["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
             # the environment's token is for static engines only
             assert ("BATCHLENS_ADMIN_TOKEN" in env) == bool(values.get("engines")), (name, workload["kind"])
+    # Rendered with no cluster, each namespace's Secret is left for the service to fill, each with its own token
+    # (test_discovery.py::test_the_hook_fills_the_secrets_the_chart_rendered_empty_once_and_restarts_to_read_them).
     two = objects({"discovery": {"namespaces": ["team-a", "team-b"]}})
-    tokens = {
-        s["metadata"]["namespace"]: s["data"]["token"]
-        for s in of_kind(two, "Secret")
-        if "admin" in s["metadata"]["name"]
-    }
-    assert set(tokens) == {"team-a", "team-b"} and tokens["team-a"] != tokens["team-b"]
+    assert fills(two) == {("team-a", f"{RELEASE}-batchlens-admin-token"): ["token", "webhook-token"],
+                          ("team-b", f"{RELEASE}-batchlens-admin-token"): ["token", "webhook-token"],
+                          (NAMESPACE, f"{RELEASE}-batchlens-webhook-token"): ["token"]}  # fmt: skip
+
+
+def fills(docs: list[dict]) -> dict[tuple[str, str], list[str]]:
+    """What the service's config says to fill: (namespace, Secret) -> keys."""
+    [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
+    k8s = load_config(None, yaml.safe_load(config_map["data"]["config.yaml"]), {}).kubernetes
+    return {(f.namespace, f.name): f.keys for f in k8s.fill_secrets}
+
+
+def test_a_render_without_a_cluster_is_the_same_every_time_and_leaves_the_tokens_to_the_service() -> None:
+    """Issue 30: the lookup-kept token was new on every `helm template` (and so every GitOps render). Rendered
+    with no cluster, the Secrets carry no token and the fill mark, the service may get and patch those Secrets
+    alone, and its pod starts without them (it writes them, then restarts to read them)."""
+    values = {"discovery": {"namespaces": ["serving"]}}
+    assert render(values) == render(values)
+    docs = objects(values)
+    for secret in of_kind(docs, "Secret"):
+        assert "data" not in secret and secret["metadata"]["annotations"] == {"batchlens.io/fill-tokens": "true"}
+    filled = fills(docs)
+    assert {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in of_kind(docs, "Secret")} == set(filled)
+    fill_roles = {(r["metadata"]["namespace"], tuple(r["rules"][0]["resourceNames"])): r["rules"]
+                  for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-fill")}  # fmt: skip
+    assert set(fill_roles) == {(ns, (name,)) for ns, name in filled}
+    assert all(rules == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": list(names),
+                          "verbs": ["get", "patch"]}] for (_, names), rules in fill_roles.items())  # fmt: skip
+    [service] = of_kind(docs, "Deployment")
+    refs = [e["valueFrom"]["secretKeyRef"] for e in service["spec"]["template"]["spec"]["containers"][0]["env"]
+            if "valueFrom" in e]  # fmt: skip
+    assert refs and all(ref.get("optional") is True for ref in refs)
+    # given values (or existing Secrets), nothing is left to fill and nothing may be patched
+    given = objects({**values, "adminToken": {"value": "a" * 40}, "remediate": {"webhookToken": {"value": "w" * 40}}})
+    assert fills(given) == {("serving", f"{RELEASE}-batchlens-admin-token"): ["webhook-token"]}
+    assert fills(objects(VALUES["all-enabled-values"])) == {}
 
 
 def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
@@ -325,10 +357,13 @@ def test_each_engine_namespace_gets_a_webhook_token_of_its_own_and_the_config_na
             "engines": [{"name": "edge", "url": "http://10.0.0.9:8000"}],
         }
     )
-    admin = {s["metadata"]["namespace"]: s["data"] for s in of_kind(docs, "Secret") if "admin" in s["metadata"]["name"]}
     webhook = [s for s in of_kind(docs, "Secret") if "webhook" in s["metadata"]["name"]]
     assert [s["metadata"]["namespace"] for s in webhook] == [NAMESPACE], "the service's token: one copy, its own"
-    assert len({d["webhook-token"] for d in admin.values()} | {webhook[0]["data"]["token"]}) == len(admin) + 1
+    # each namespace's webhook token is a key of its own Secret, filled apart from the service's
+    admin = f"{RELEASE}-batchlens-admin-token"
+    assert {key for (ns, name), keys in fills(docs).items() if name == admin for key in keys} == {"webhook-token",
+                                                                                                 "token"}  # fmt: skip
+    assert {ns for ns, name in fills(docs) if name == admin} == {"team-a", "team-b", NAMESPACE}
     by_namespace = {c["metadata"]["namespace"]: c for c in of_kind(docs, "AlertmanagerConfig")}
     assert set(by_namespace) == {"team-a", "team-b", NAMESPACE}  # the release's: the static engine's alerts
     sent = {ns: c["spec"]["receivers"][0]["webhookConfigs"][0]["httpConfig"]["authorization"]["credentials"]
@@ -450,9 +485,8 @@ def test_as_installed_the_breaker_can_act_and_page(rendered) -> None:
     )
     secret = config["kubernetes"]["admin_token_secret"]
     made = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == secret]
-    assert [s["metadata"]["namespace"] for s in made] == ["serving"] and {"token", "webhook-token"} <= set(
-        made[0]["data"]
-    )
+    assert [s["metadata"]["namespace"] for s in made] == ["serving"]
+    assert fills(docs)[("serving", secret)] == ["token", "webhook-token"]  # the service writes both at start
     policy = next(p["spec"] for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-remediate"))
     assert {"to": [peer(NAMESPACE, **{"app.kubernetes.io/name": "alertmanager"})], "ports": tcp(9093)} in policy[
         "egress"

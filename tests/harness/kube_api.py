@@ -2,7 +2,8 @@
 
 Fake boundary: the API server (none can run here). It answers ``GET /api/v1/pods``,
 ``/api/v1/namespaces/<ns>/pods`` and ``/api/v1/namespaces/<ns>/secrets/<name>`` with the
-JSON shapes the real one sends (a PodList, a Secret, or a Status for an error), and applies
+JSON shapes the real one sends (a PodList, a Secret, or a Status for an error), takes a merge
+``PATCH`` of a Secret's data with the real one's resourceVersion precondition (409), and applies
 ``labelSelector`` and ``fieldSelector`` equality terms, as lightkube sends them. Each listed
 pod with an IP is also a real HTTP server on that loopback IP (127.0.0.2, 127.0.0.3, ...)
 serving a real vLLM 0.32 exposition and the plugin's admin API, which takes the token of
@@ -109,6 +110,9 @@ class FakeKubernetes:
         self.tokens: dict[str, str] = {"serving": admin_token}
         self.webhook_tokens: dict[str, str] = {}  # namespace -> the webhook-token key of that same Secret
         self.secret_forbidden: set[str] = set()  # namespaces whose Secret the caller may not read
+        self.fill_marked: set[str] = set()  # namespaces whose Secret carries batchlens.io/fill-tokens
+        self.versions: dict[str, int] = {}  # namespace -> its Secret's resourceVersion
+        self.patches: list[tuple[str, dict]] = []  # (namespace, body) of every PATCH taken
         self.batch: dict[str, dict] = {}  # pod IP -> its admin API's batch state
         self.namespace_of: dict[str, str] = {}  # pod IP -> the namespace whose token its server takes
         self.authorizations: dict[str, list[str]] = {}  # pod IP -> every Authorization header it received
@@ -126,6 +130,7 @@ class FakeKubernetes:
         api.router.add_get("/api/v1/pods", self._list)
         api.router.add_get("/api/v1/namespaces/{namespace}/pods", self._list)
         api.router.add_get("/api/v1/namespaces/{namespace}/secrets/{name}", self._secret)
+        api.router.add_patch("/api/v1/namespaces/{namespace}/secrets/{name}", self._patch_secret)
         self._api = web.AppRunner(api, access_log=None, handle_signals=False)
         self._loop.run_until_complete(self._api.setup())
         self._loop.run_until_complete(web.TCPSite(self._api, "127.0.0.1", self.port).start())
@@ -174,14 +179,34 @@ class FakeKubernetes:
         if name != TOKEN_SECRET["name"] or namespace not in self.tokens:
             status = {**FORBIDDEN, "message": f'secrets "{name}" not found', "reason": "NotFound", "code": 404}
             return web.json_response(status, status=404)
-        values = {TOKEN_SECRET["key"]: self.tokens[namespace]}
+        values = {TOKEN_SECRET["key"]: self.tokens[namespace]}  # "": the Secret has no such key
         if namespace in self.webhook_tokens:
             values["webhook-token"] = self.webhook_tokens[namespace]
-        data = {key: base64.b64encode(value.encode()).decode() for key, value in values.items()}
-        meta = {"name": name, "namespace": namespace, "resourceVersion": "4713"}
+        data = {key: base64.b64encode(value.encode()).decode() for key, value in values.items() if value}
+        meta = {"name": name, "namespace": namespace, "resourceVersion": str(self.versions.get(namespace, 4713))}
+        if namespace in self.fill_marked:
+            meta["annotations"] = {"batchlens.io/fill-tokens": "true"}
         return web.json_response(
             {"kind": "Secret", "apiVersion": "v1", "metadata": meta, "type": "Opaque", "data": data}
         )
+
+    async def _patch_secret(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        body = await request.json()
+        if request.content_type != "application/merge-patch+json":
+            return web.json_response({**FORBIDDEN, "code": 415, "reason": "UnsupportedMediaType"}, status=415)
+        if body.get("metadata", {}).get("resourceVersion") != str(self.versions.get(namespace, 4713)):
+            conflict = {**FORBIDDEN, "code": 409, "reason": "Conflict", "message": "the object has been modified"}
+            return web.json_response(conflict, status=409)
+        self.patches.append((namespace, body))
+        for key, value in body.get("data", {}).items():
+            token = base64.b64decode(value).decode()
+            if key == TOKEN_SECRET["key"]:
+                self.tokens[namespace] = token
+            else:
+                self.webhook_tokens[namespace] = token
+        self.versions[namespace] = self.versions.get(namespace, 4713) + 1
+        return await self._secret(request)
 
     @staticmethod
     def _ip(request: web.Request) -> str:

@@ -293,6 +293,14 @@ class Control(_Section):
         return self
 
 
+class SecretToFill(_Section):
+    """A Secret the chart rendered empty, because ``helm template`` cannot keep a random token: the hook writes one."""
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    keys: list[str] = Field(min_length=1)
+
+
 class Kubernetes(_Section):
     """Engine discovery on Kubernetes (docs/kubernetes.md): each vLLM pod is an engine named <namespace>/<pod>."""
 
@@ -325,6 +333,10 @@ class Kubernetes(_Section):
         "webhook-token",
         min_length=1,
         description="the key of that Secret holding the namespace's webhook token: it acts on that namespace only",
+    )
+    fill_secrets: list[SecretToFill] = Field(
+        default_factory=list,
+        description="Secrets rendered without their tokens (helm template, GitOps): the hook fills them at start",
     )
 
     @model_validator(mode="before")

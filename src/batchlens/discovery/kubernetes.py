@@ -20,6 +20,12 @@ without a token (their admin calls answer 401), counted as ``token_<reason>``.
 
 The same Secret may hold the namespace's webhook token (``webhook_token_key``): the one its
 tenant's AlertmanagerConfig sends, which acts on that namespace's engines only.
+
+``helm template`` (and so every GitOps render) cannot keep a random token: it has no cluster
+to look one up in, so each render would make a new one. The chart then renders the Secrets
+without their tokens and marked ``batchlens.io/fill-tokens``, and the hook writes each
+missing one once, at start (:meth:`PodLister.fill`). A Secret without the mark is never
+written, so a user's own Secret is never touched.
 """
 
 from __future__ import annotations
@@ -29,17 +35,20 @@ import binascii
 import contextlib
 import logging
 import os
+import secrets
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from batchlens.config import Engine, Kubernetes
+from batchlens.config import Engine, Kubernetes, SecretToFill
 from batchlens.discovery.pods import engines_of
 from batchlens.exporter import families as fam
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
 
 log = logging.getLogger("batchlens.discovery")
+
+FILL_ANNOTATION = "batchlens.io/fill-tokens"  # "true": the chart left this Secret's tokens to the hook
 
 
 @dataclass(frozen=True)
@@ -61,11 +70,12 @@ class PodLister:
             from lightkube import AsyncClient, KubeConfig
             from lightkube.core.exceptions import ConfigError
             from lightkube.resources.core_v1 import Pod, Secret
+            from lightkube.types import PatchType
         except ImportError as exc:
             raise RuntimeError(
                 f"kubernetes.discover is on, but {exc.name} is not installed: pip install 'batchlens[kubernetes]'"
             ) from None
-        self._httpx, self._pod, self._secret = httpx2, Pod, Secret
+        self._httpx, self._pod, self._secret, self._merge = httpx2, Pod, Secret, PatchType.MERGE
         self.settings, self.node = settings, node
         try:
             config = _anonymous(KubeConfig, settings.api_url) if settings.api_url else KubeConfig.from_env()
@@ -123,6 +133,34 @@ class PodLister:
                 raise SourceError("invalid", f"{what}: key {k!r} is not base64 UTF-8") from None
 
         return decoded(key), decoded(self.settings.webhook_token_key)
+
+    async def fill(self, wanted: SecretToFill) -> list[str]:
+        """Write a new token into each key of ``wanted`` that is empty, once; the keys written.
+
+        Only into a Secret marked FILL_ANNOTATION. The write names the version read, so two writers (a
+        restart racing its predecessor) cannot both win: the second gets 409 and keeps what the first wrote.
+        """
+        what = f"the Secret {wanted.namespace}/{wanted.name}"
+        with self._api_errors(f"reading {what}"):
+            secret = await self._client.get(self._secret, wanted.name, namespace=wanted.namespace)
+        data, meta = secret.data or {}, secret.metadata
+        missing = [key for key in wanted.keys if not data.get(key)]
+        if not missing:
+            return []
+        if (meta.annotations or {}).get(FILL_ANNOTATION) != "true":
+            said = f"{what} has no {', '.join(missing)}, and no {FILL_ANNOTATION} mark to let batchlens write one"
+            raise SourceError("not_marked", said + ": give the token there yourself")
+        fresh = {key: base64.b64encode(secrets.token_urlsafe(30).encode()).decode() for key in missing}
+        patch = {"metadata": {"resourceVersion": meta.resourceVersion}, "data": fresh}
+        try:
+            with self._api_errors(f"writing {what}"):
+                await self._client.patch(self._secret, wanted.name, patch, namespace=wanted.namespace,
+                                         patch_type=self._merge)  # fmt: skip
+        except SourceError as exc:
+            if exc.reason != "http_409":
+                raise
+            return []  # another writer filled it first: its tokens stand
+        return missing
 
     @contextlib.contextmanager
     def _api_errors(self, what: str) -> Iterator[None]:
@@ -202,3 +240,24 @@ def node_name(settings: Kubernetes, environ: Mapping[str, str] | None = None) ->
     """The node whose pods this exporter reads: the DaemonSet gives it in ``settings.node_name_env``."""
     environ = os.environ if environ is None else environ
     return environ.get(settings.node_name_env, "") if settings.node_name_env else ""
+
+
+async def fill_tokens(settings: Kubernetes) -> list[str]:
+    """Each Secret of ``settings.fill_secrets`` given its missing tokens; what was written, as "ns/name key"."""
+    lister = PodLister(settings)
+    written: list[str] = []
+    try:
+        for wanted in settings.fill_secrets:
+            try:
+                keys = await lister.fill(wanted)
+            except SourceError as exc:
+                log.error("tokens: %s [reason=%s]", exc, exc.reason)
+                continue
+            for key in keys:
+                log.warning("tokens: wrote a new %s into the Secret %s/%s, which was rendered without one "
+                            "(helm template or GitOps); it is kept from now on",
+                            key, wanted.namespace, wanted.name)  # fmt: skip
+            written += [f"{wanted.namespace}/{wanted.name} {key}" for key in keys]
+    finally:
+        await lister.aclose()
+    return written

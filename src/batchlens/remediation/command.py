@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from batchlens.clikit import config_option, flag_overrides
@@ -57,6 +59,8 @@ def remediate(
             "no engines configured: the hook needs engines: in the config file, or kubernetes.discover"
         )
     try:
+        if config.kubernetes.fill_secrets:
+            restart_for_filled_tokens(config)
         serve(config)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
@@ -64,3 +68,24 @@ def remediate(
         raise click.ClickException(f"cannot listen on {config.remediate.listen}: {exc.strerror or exc}") from None
     except RuntimeError as exc:  # a setting that needs what is not there (batchlens[kubernetes], an API server)
         raise click.ClickException(str(exc)) from None
+
+
+def restart_for_filled_tokens(config) -> None:
+    """Fill the Secrets the chart rendered empty; exit if this pod's own tokens were among them.
+
+    Kubernetes resolves a container's secretKeyRef once, when it starts: a token written now reaches this
+    pod's environment only when it starts again, so it exits (75, "try again") and is restarted with it.
+    """
+    import asyncio
+    import logging
+
+    from batchlens.discovery.kubernetes import fill_tokens
+
+    written = asyncio.run(fill_tokens(config.kubernetes))
+    variables = [config.remediate.webhook_token_env, *(e.admin_token_env for e in config.engines)]
+    unset = [name for name in dict.fromkeys(variables) if not os.environ.get(name)]
+    if written and unset:
+        logging.getLogger("batchlens.remediate").warning(
+            "tokens: %s unset in this pod's environment; exiting so that Kubernetes restarts it with the tokens "
+            "just written", ", ".join(unset))  # fmt: skip
+        raise SystemExit(75)  # not click's Exit: the command maps a RuntimeError, which that is, to 1

@@ -67,8 +67,10 @@ engines' own, where their series and so their alerts are labelled; the release's
 
 {{/*
 A token for a Secret the chart creates: the value given, else the one already in the cluster (so an upgrade
-keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key" <key> "value" <value>), and
-"namespace" where the Secret is not in the release's namespace.
+keeps it), else a new random one. Rendered with no cluster to ask (helm template, every GitOps render), a
+random token would be new on every render: there it is "", and the Secret is rendered without it, for the
+remediation service to fill at start (batchlens.fillSecrets). Call with (dict "root" $ "name" <secret> "key"
+<key> "value" <value>), and "namespace" where the Secret is not in the release's namespace.
 */}}
 {{- define "batchlens.keptToken" -}}
 {{- if .value -}}
@@ -76,8 +78,51 @@ keeps it), else a new random one. Call with (dict "root" $ "name" <secret> "key"
 {{- else -}}
 {{- $found := lookup "v1" "Secret" (.namespace | default .root.Release.Namespace) .name -}}
 {{- $data := dig "data" .key "" ($found | default dict) -}}
-{{- if $data -}}{{- $data | b64dec -}}{{- else -}}{{- randAlphaNum 40 -}}{{- end -}}
+{{- if $data -}}{{- $data | b64dec -}}{{- else if not (include "batchlens.offline" .root) -}}{{- randAlphaNum 40 -}}{{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when no cluster answers lookups (helm template, a GitOps render). Every namespace has the
+ServiceAccount "default", and whoever may install into the namespace may read it. */}}
+{{- define "batchlens.offline" -}}
+{{- if not (lookup "v1" "ServiceAccount" .Release.Namespace "default") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secrets the chart creates whose tokens it leaves out (batchlens.keptToken gave ""), as a JSON list
+of {namespace, name, keys}: the remediation service writes them at start (kubernetes.fill_secrets). */}}
+{{- define "batchlens.fillSecrets" -}}
+{{- $fills := list -}}
+{{- /* The service is the one that writes: without it, nothing is left to fill (the NOTES say so). */ -}}
+{{- if and (not .Values.adminToken.existingSecret) .Values.remediate.enabled -}}
+{{- $name := include "batchlens.adminTokenSecret" . -}}
+{{- range $namespace := include "batchlens.adminTokenNamespaces" . | fromJsonArray -}}
+{{- $keys := list -}}
+{{- range $key := list $.Values.adminToken.key $.Values.adminToken.webhookKey -}}
+{{- $value := ternary $.Values.adminToken.value "" (eq $key $.Values.adminToken.key) -}}
+{{- if not (include "batchlens.keptToken" (dict "root" $ "name" $name "namespace" $namespace "key" $key "value" $value)) -}}
+{{- $keys = append $keys $key -}}
+{{- end -}}
+{{- end -}}
+{{- if $keys -}}{{- $fills = append $fills (dict "namespace" $namespace "name" $name "keys" $keys) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.remediate.enabled (not .Values.remediate.webhookToken.existingSecret) -}}
+{{- $name := include "batchlens.webhookTokenSecret" . -}}
+{{- $key := .Values.remediate.webhookToken.key -}}
+{{- if not (include "batchlens.keptToken" (dict "root" . "name" $name "key" $key "value" .Values.remediate.webhookToken.value)) -}}
+{{- $fills = append $fills (dict "namespace" .Release.Namespace "name" $name "keys" (list $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $fills -}}
+{{- end -}}
+
+{{/* The keys a Secret leaves to the service: call with (dict "root" $ "namespace" <ns> "name" <secret>). */}}
+{{- define "batchlens.keysToFill" -}}
+{{- $keys := list -}}
+{{- range include "batchlens.fillSecrets" .root | fromJsonArray -}}
+{{- if and (eq .namespace $.namespace) (eq .name $.name) -}}{{- $keys = .keys -}}{{- end -}}
+{{- end -}}
+{{- toJson $keys -}}
 {{- end -}}
 
 {{/* A label selector as kubectl writes it: k=v,k2=v2. */}}
