@@ -83,6 +83,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
 	$(BIN)/python benchmarks/replay.py
+	$(BIN)/python benchmarks/controller.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/control_vllm.py
 

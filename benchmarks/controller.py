@@ -7,19 +7,23 @@ Two engine profiles of the simulator, max_num_seqs 256 each:
   and falls when prompts are long);
 - published: A100-40GB and Llama-3.1-8B, calibrated to a published vLLM measurement
   (batchlens.simulator.profiles.PUBLISHED): throughput keeps rising with the batch until KV or the SLO binds.
-On each, four workloads of chat requests (prompts of 256-1024 tokens, answers of 64-256) are replayed under
+On each, five workloads of chat requests (prompts of 256-1024 tokens, answers of 64-256) are replayed under
 `default`, `breaker` (today's hook, driven by its alert), `pid` (the article's PID on the pace margin, every
-30 s), `pid+ttft` (the same with the TTFT margin too), `adaptive` (the gradient law the controller ships) and
-every static limit the oracle tries (batchlens.replay.simulated.oracle), all judged by goodput at the default SLO (TTFT
-0.5 s, TPOT 0.1 s):
+30 s), `adaptive` (the gradient law the controller ships, the limit alone), `admit` (vLLM's default limit with
+the controller's queued-token cap at the door), `adaptive+admit` (both knobs) and every static limit the oracle
+tries (batchlens.replay.simulated.oracle), all judged by goodput at the default SLO (TTFT 0.5 s, TPOT 0.1 s),
+a shed request counting as not good:
 1. steady: Poisson arrivals at about 0.8x what the engine serves within the SLO (3.6 requests/s on the
    article profile, 17 on the published one: the other rates scale with it);
 2. bursty: Gamma gaps with a coefficient of variation of 2, same mean rate;
 3. phase: 0.7x that rate; a third of the run chat, a third with prompts of 3000-5000 tokens, a third chat;
-4. ramp: the rate rising from 0.28x to 1.9x it, into overload.
-It prints, per workload, each policy's goodput and the ratios adaptive/best_static, adaptive/default and
-adaptive/breaker.
-The last line is `adaptive/best_static min X`, the minimum over the non-steady workloads of every profile.
+4. ramp: the rate rising from 0.28x to 1.9x it, into overload;
+5. overload: steady Poisson at 1.5x what the engine serves (1.875x the steady rate).
+It prints, per workload, each policy's goodput, the ceiling (requests / seconds: every request good), the
+ratios to the best static limit, and the sheds with the share of them that would have met the SLO had they
+been admitted (false sheds, estimated counterfactually: batchlens.replay.simulated.would_have_been_good).
+The last lines are `adaptive/best_static min X` over every workload and profile, `adaptive+admit/best_static
+min Y (non-steady)` and `false_sheds max Z`, the largest share of false sheds in any run that shed.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Callable
 from batchlens.control.pid import Gains
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
-from batchlens.replay.policies import Adaptive, Static
+from batchlens.replay.policies import Adaptive, parse_policy
 from batchlens.replay.simulated import oracle, replay
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine
@@ -66,6 +70,8 @@ def workloads(seconds: float, seed: int, rate: float = 3.6) -> dict[str, list[Tr
     )
     rng = random.Random(seed)
     out["ramp"] = chat(arrivals(seconds, rng, lambda t: rng.expovariate(rate * (0.28 + 1.66 * t / seconds))), rng)
+    rng = random.Random(seed)
+    out["overload"] = chat(arrivals(seconds, rng, lambda _t: rng.expovariate(1.5 * rate / 0.8)), rng)
     return out
 
 
@@ -83,38 +89,57 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", choices=sorted(PROFILES), action="append", help="default: both")
     args = parser.parse_args()
-    ratios = {}
+    ratios, false_shares = {}, []
     for profile in args.profile or list(PROFILES):
-        ratios.update(run_profile(profile, args.seconds, args.seed))
-    print(f"adaptive/best_static min {min(v for (_, k), v in ratios.items() if k != 'steady'):.2f}")
+        got, shares = run_profile(profile, args.seconds, args.seed)
+        ratios.update(got)
+        false_shares += shares
+    print(f"adaptive/best_static min {min(v['adaptive'] for v in ratios.values()):.2f}")
+    non_steady = [v["adaptive+admit"] for (_, k), v in ratios.items() if k != "steady"]
+    print(f"adaptive+admit/best_static min {min(non_steady):.2f} (non-steady)")
+    print(f"false_sheds max {max(false_shares, default=0):.1%}")
 
 
-def run_profile(profile: str, seconds: float, seed: int) -> dict[tuple[str, str], float]:
+POLICIES = ("default", "breaker", "pid", "adaptive", "admit", "adaptive+admit")
+
+
+def policy(name: str):
+    if name == "breaker":
+        return BreakerPolicy()
+    if name == "pid":
+        return Adaptive(SLO, pid=Gains())
+    return parse_policy(name, SLO)
+
+
+def run_profile(profile: str, seconds: float, seed: int) -> tuple[dict[tuple[str, str], dict[str, float]], list[float]]:
+    """Each workload's ratios to the best static limit, by policy, and the share of false sheds of each run that
+    shed."""
     gpu, model, rate = PROFILES[profile]
 
     def engine() -> Engine:
         return Engine(GPUS[gpu], MODELS[model], max_num_seqs=256)
 
-    ratios = {}
-    print(f"\n{profile}: {GPUS[gpu].name}, {model}, max_num_seqs 256, steady rate {rate:g}/s")
-    print(f"{'workload':10} {'requests':>8} {'default':>9} {'breaker':>9} {'pid+ttft':>9} {'pid':>9} {'adaptive':>9} "
-          f"{'best static':>17} {'pid/best':>8} {'adapt/best':>10} {'adapt/default':>13} {'adapt/breaker':>13} "
-          f"{'wall s':>7}")  # fmt: skip
+    ratios, false_shares = {}, []
+    print(f"\n{profile}: {GPUS[gpu].name}, {model}, max_num_seqs 256, steady rate {rate:g}/s; goodput in good "
+          "requests/s; shed: share of requests shed (false: share of the sheds that would have been good)")  # fmt: skip
+    print(f"{'workload':9} {'requests':>8} {'ceiling':>7} " + " ".join(f"{p:>8}" for p in ("default", "breaker", "pid",
+          "adaptive", "admit", "adp+adm")) + f" {'best static':>17} {'adapt/best':>10} {'admit/best':>10} "
+          f"{'adp+adm/best':>12} {'shed':>6} {'false':>6} {'wall s':>6}")  # fmt: skip
     for name, trace in workloads(seconds, seed, rate).items():
         started = time.perf_counter()
-        default = replay(trace, engine(), Static(), SLO).judgement.goodput_rps
-        breaker = replay(trace, engine(), BreakerPolicy(), SLO).judgement.goodput_rps
-        pid_ttft = replay(trace, engine(), Adaptive(SLO, pid=Gains(ttft=True)), SLO).judgement.goodput_rps
-        pid = replay(trace, engine(), Adaptive(SLO, pid=Gains()), SLO).judgement.goodput_rps
-        adaptive = replay(trace, engine(), Adaptive(SLO), SLO).judgement.goodput_rps
+        runs = {p: replay(trace, engine(), policy(p), SLO) for p in POLICIES}
         best, _ = oracle(trace, engine, SLO)
         best_rps = best.judgement.goodput_rps
-        ratios[(profile, name)] = ratio(adaptive, best_rps)
-        print(f"{name:10} {len(trace):8d} {default:9.3f} {breaker:9.3f} {pid_ttft:9.3f} {pid:9.3f} {adaptive:9.3f} "
-              f"{best.policy:>9} {best_rps:7.3f} {ratio(pid, best_rps):8.2f} {ratios[(profile, name)]:10.2f} "
-              f"{ratio(adaptive, default):13.2f} {ratio(adaptive, breaker):13.2f} "
-              f"{time.perf_counter() - started:7.1f}")  # fmt: skip
-    return ratios
+        ratios[(profile, name)] = got = {p: ratio(r.judgement.goodput_rps, best_rps) for p, r in runs.items()}
+        both = runs["adaptive+admit"]
+        false_share = both.false_sheds / both.shed if both.shed else 0.0
+        false_shares += [r.false_sheds / r.shed for r in runs.values() if r.shed]
+        print(f"{name:9} {len(trace):8d} {len(trace) / seconds:7.2f} "
+              + " ".join(f"{r.judgement.goodput_rps:8.3f}" for r in runs.values())
+              + f" {best.policy:>9} {best_rps:7.3f} {got['adaptive']:10.2f} {got['admit']:10.2f} "
+              f"{got['adaptive+admit']:12.2f} {both.shed / len(trace):6.1%} {false_share:6.1%} "
+              f"{time.perf_counter() - started:6.0f}")  # fmt: skip
+    return ratios, false_shares
 
 
 if __name__ == "__main__":

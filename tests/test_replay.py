@@ -17,11 +17,11 @@ import pytest
 
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
-from batchlens.replay.output import arrival_rate, figure, table
+from batchlens.replay.output import arrival_rate, figure, rows, table
 from batchlens.replay.policies import Static, oracle_limits, parse_policy
-from batchlens.replay.simulated import Run, oracle, replay
+from batchlens.replay.simulated import Run, ShedSample, oracle, replay, turned_away, would_have_been_good
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
-from batchlens.simulator.engine import Engine
+from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.profiles import GPUS, MODELS
 from harness.exporter import BATCHLENS
 
@@ -271,3 +271,66 @@ def test_a_live_run_draws_no_batch_limit_axis_and_a_refused_run_says_why() -> No
     refused = replay([TraceRequest(0, 9000, 10), TraceRequest(1, 9000, 10)], engine(), Static(), SLO)
     shown = table([refused], None, SLO)
     assert "default: 2 of 2 requests refused at arrival as longer than --max-model-len" in shown, shown
+
+
+# -- admission in replay: the door, the sheds, and the sheds that were needless ----------------------------
+
+
+def test_vllms_door_sheds_at_the_queued_token_cap_and_refuses_the_too_long_first() -> None:
+    busy = engine()
+    for i, prompt in enumerate((600, 400)):
+        busy.add(SimRequest(str(i), prompt, 10, 0.0))  # both still in prefill: 1000 queued tokens
+    arriving = SimRequest("new", 256, 64, 0.0)
+    assert turned_away(busy, arriving, None, 8192) is None, "no cap: the door is open"
+    assert turned_away(busy, arriving, 1001, 8192) is None
+    assert turned_away(busy, arriving, 1000, 8192) == "shed", "vLLM sheds once the backlog reaches the cap"
+    assert turned_away(busy, SimRequest("long", 9000, 10, 0.0), 1001, 8192) == "refused"
+    busy.step(0.0)  # prefilled: they no longer count
+    assert busy.queued_tokens == 0 and turned_away(busy, arriving, 1000, 8192) is None
+
+
+def test_the_counterfactual_admits_the_shed_request_on_a_copy_and_judges_it_alone() -> None:
+    later = [SimRequest(str(i), 512, 64, 0.01 * i) for i in range(1, 5)]
+    idle = engine()
+    shed = SimRequest("shed", 256, 64, 0.0)
+    assert would_have_been_good(idle, shed, later, 0.0, None, SLO, 8192), "an idle engine serves it in time"
+    backlog = engine()
+    for i in range(200):  # 200 × 1024 prompt tokens ahead of it: far more than 0.5 s of prefill
+        backlog.add(SimRequest(f"b{i}", 1024, 64, 0.0))
+    assert not would_have_been_good(backlog, shed, later, 0.0, None, SLO, 8192)
+    # the real run is untouched: same backlog, no timings on the shed request or on the later ones
+    assert len(backlog.waiting) == 200 and backlog.queued_tokens == 200 * 1024
+    assert shed.first_token_at is None and all(r.first_token_at is None and not r.itl for r in later)
+
+
+def test_the_shed_sample_stays_between_100_and_200_spread_over_the_run() -> None:
+    sample = ShedSample()
+    for ordinal in range(1, 1001):
+        if sample.takes(ordinal):
+            sample.add(ordinal, good=ordinal <= 250)  # the first quarter of the sheds would have been good
+    assert 100 <= len(sample.good) < 200
+    assert min(sample.good) <= 1000 / len(sample.good) * 2 and max(sample.good) > 900, "spread, not the first ones"
+    assert abs(sample.estimate(1000) - 250) <= 10, "a sample of the first sheds would say 1000"
+    assert ShedSample().estimate(10) == 0
+
+
+def test_past_capacity_admission_sheds_at_the_door_and_the_ones_it_admits_do_better() -> None:
+    """At 8 requests/s this engine (about 4.5 served) drowns in its queue under vLLM's default; with the cap
+    the queue is bounded: sheds count as not good, yet goodput rises and the admitted wait far less."""
+    trace = poisson(8, 40)
+    assert parse_policy("admit", SLO).name == "admit" and parse_policy("adaptive+admit", SLO).name == "adaptive+admit"
+    default = replay(trace, engine(), Static(), SLO)
+    admit = replay(trace, engine(), parse_policy("admit", SLO), SLO)
+    assert default.shed == 0 and default.false_sheds is None
+    assert admit.shed > 0 and admit.judgement.requests == len(trace)
+    shed = [r for r in admit.requests if r.finish_reason == "shed"]
+    assert len(shed) == admit.shed and all(r.first_token_at is None for r in shed)
+    assert admit.judgement.good <= len(trace) - admit.shed, "a shed request is never good"
+    assert admit.judgement.goodput_rps > default.judgement.goodput_rps
+    assert admit.judgement.p99_ttft_s < default.judgement.p99_ttft_s / 2
+    assert admit.false_shed_sample == min(admit.shed, 200) or 100 <= admit.false_shed_sample < 200
+    assert 0 <= admit.false_sheds <= admit.shed
+    shown = table([admit], None, SLO)
+    assert f"admit: {admit.shed} of {len(trace)} requests shed at the door" in shown, shown
+    row = rows([admit])[0]
+    assert (row["shed"], row["false_sheds"], row["refused"]) == (admit.shed, admit.false_sheds, 0)

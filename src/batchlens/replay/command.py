@@ -39,8 +39,9 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               help="Longer requests are refused at arrival, as vLLM does (not good).")  # fmt: skip
 @click.option("--policy", "policies", multiple=True, default=("default",), show_default=True, metavar="POLICY",
               help="default (the limit is the capacity, vLLM as shipped), static:N, breaker (today's hook, driven "
-              "by its alert), adaptive (the controller's law on the engine's own metrics), or pid (the article's "
-              "PID, every 30 s, for comparison); repeatable.")  # fmt: skip
+              "by its alert), adaptive (the controller's law on the engine's own metrics), pid (the article's "
+              "PID, every 30 s, for comparison), admit (the default limit with the controller's queued-token cap "
+              "at vLLM's door: sheds count as not good) or adaptive+admit (both knobs); repeatable.")  # fmt: skip
 @click.option("--oracle", is_flag=True, help="Also sweep static limits and report the best one for this trace.")
 @click.option(
     "--slo-ttft", type=float, metavar="SECONDS", help="Good requests' TTFT bound [default: slo.ttft_seconds]."

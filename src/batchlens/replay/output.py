@@ -34,12 +34,12 @@ COLUMNS = (
 
 
 def rows(runs: Sequence[Run]) -> list[dict]:
-    """One row per run: the policy, its judgement, the requests refused as too long, how the limit moved.
-
-    NaN becomes None."""
+    """One row per run: the policy, its judgement, the requests refused as too long and shed at the door (with
+    the sheds estimated to have been needless), how the limit moved. NaN becomes None."""
     out = []
     for run in runs:
-        row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused,
+        row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused, "shed": run.shed,
+               "false_sheds": run.false_sheds, "false_shed_sample": run.false_shed_sample,
                "limit_changes": max(len(run.limits) - 1, 0), "final_limit": run.limits[-1][1] if run.limits else None,
                "decisions": run.decisions or None}  # fmt: skip
         out.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
@@ -55,6 +55,10 @@ def table(runs: Sequence[Run], best: Run | None, slo: Slo) -> str:
         if run.refused:  # otherwise a run refused whole reads as an engine that served nothing, with no reason
             lines.append(f"{run.policy}: {run.refused} of {run.judgement.requests} requests refused at arrival as "
                          "longer than --max-model-len (not good)")  # fmt: skip
+        if run.shed:
+            lines.append(f"{run.policy}: {run.shed} of {run.judgement.requests} requests shed at the door by the "
+                         f"queued-token cap (not good); about {run.false_sheds} of them would have met the SLO had "
+                         f"they been admitted (from {run.false_shed_sample} replayed admitted)")  # fmt: skip
     if best:
         base = {run.policy: run.judgement.goodput_rps for run in runs}
         ratios = [f"{policy}/oracle {value / best.judgement.goodput_rps:.2f}" for policy, value in base.items()

@@ -4,15 +4,19 @@
 never moves. ``static:N`` holds N. ``adaptive`` is the controller's law
 (control/law.py) fed from the engine's /metrics text, exactly what it reads
 live: a policy sees only what it could see live (:class:`Signals`), never the
-simulator's internals.
+simulator's internals. ``admit`` is vLLM's default limit with the controller's
+second knob, the queued-token cap (control/admission.py), and
+``adaptive+admit`` both knobs; vLLM's own door applies the cap (queued_caps.py).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from batchlens.config import Thresholds
+from batchlens.control.admission import AdmissionSettings, Saturated, queued_token_cap, saturated, worth_setting
 from batchlens.control.law import State, Tuning, decide
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import EngineSample, read_sample, window
@@ -101,12 +105,55 @@ class Adaptive:
         return self._state.limit
 
 
-POLICIES = ("default", "static:N", "breaker", "adaptive", "pid")
+class Admitting:
+    """A limit policy with the controller's queued-token cap beside it, fed the same /metrics windows.
+
+    ``queued_token_cap`` is the cap in force, which the replay's door applies to each arrival as vLLM does.
+    """
+
+    wants_metrics = True
+
+    def __init__(self, slo: Slo, limits: Policy, settings: AdmissionSettings | None = None):
+        self.limits = limits
+        self.name = "admit" if limits == Static() else f"{limits.name}+admit"
+        self.tick_seconds = limits.tick_seconds if limits.wants_metrics else 2.0  # the controller's tick
+        self.settings = settings or AdmissionSettings(slo.ttft_seconds)
+        self.queued_token_cap: int | None = None  # the door open until the estimate is sure
+        self._saturated: deque[Saturated] = deque(maxlen=64)
+        self._previous: EngineSample | None = None
+        self.decisions: dict[str, int] = {}
+
+    def initial(self, capacity: int) -> int:
+        self.queued_token_cap, self._previous = None, None
+        self._saturated.clear()
+        return self.limits.initial(capacity)
+
+    def decide(self, signals: Signals) -> int:
+        sample = read_sample(signals.exposition, signals.now)
+        if self._previous is not None and (seen := saturated(window(self._previous, sample), signals.now)):
+            self._saturated.append(seen)
+        self._previous = sample
+        decision = queued_token_cap(self._saturated, signals.now, self.settings)
+        if worth_setting(self.queued_token_cap, decision.cap, self.settings):
+            self.queued_token_cap = decision.cap
+        key = f"admission_{decision.reason}"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        limit = self.limits.decide(signals)
+        for reason, count in getattr(self.limits, "decisions", {}).items():
+            self.decisions[reason] = count
+        return limit
+
+
+POLICIES = ("default", "static:N", "breaker", "adaptive", "pid", "admit", "adaptive+admit")
 
 
 def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None) -> Policy:
-    """``default``, ``static:N``, ``breaker``, ``adaptive`` or ``pid``; ValueError naming what exists otherwise."""
+    """One of POLICIES; ValueError naming what exists otherwise."""
     name, _, arg = text.strip().partition(":")
+    if name == "admit" and not arg:
+        return Admitting(slo, Static())
+    if name == "adaptive+admit" and not arg:
+        return Admitting(slo, Adaptive(slo))
     if name == "adaptive" and not arg:
         return Adaptive(slo)
     if name == "pid" and not arg:

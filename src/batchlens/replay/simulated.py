@@ -7,15 +7,22 @@ first arrival until the last request is done (drain included), and is judged
 by goodput (batchlens.goodput).
 
 A request longer than ``max_model_len`` is refused at arrival, as vLLM answers
-400: it counts as not good.
+400: it counts as not good. Under an admitting policy, a request that arrives
+while the prompts still in prefill reach the policy's queued-token cap is shed,
+as vLLM's door answers 503 (queued_caps.py): not good either. Whether shedding
+it was needed is measured counterfactually on a sample of the sheds
+(:func:`would_have_been_good`).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from batchlens.admin_api import AdmissionState
 from batchlens.goodput import Judgement, Outcome, Slo, judge
+from batchlens.queued_caps import refusal
 from batchlens.replay.policies import Policy, Signals, Static, oracle_limits
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine, SimRequest
@@ -28,6 +35,9 @@ class Run:
     judgement: Judgement
     limits: list[tuple[float, int]] = field(default_factory=list)  # (time, limit) at each change
     refused: int | None = 0  # longer than max_model_len; None live, where LiveRun.accounting says what came back
+    shed: int = 0  # refused at the door by the queued-token cap (an admitting policy)
+    false_sheds: int | None = None  # sheds that would have been good had they been admitted (estimated)
+    false_shed_sample: int = 0  # the sheds replayed counterfactually to estimate false_sheds
     decisions: dict[str, int] = field(default_factory=dict)  # a steering policy's decisions, by reason
     requests: list[SimRequest] = field(default_factory=list, repr=False)  # as the engine left them: exact timings
 
@@ -52,14 +62,20 @@ def replay(
     steers = not isinstance(policy, Static)
     metrics = VllmMetrics(engine, "replay") if policy.wants_metrics else None
     tick = policy.tick_seconds if steers else tick
+    sample = ShedSample()
     now, index, next_tick = 0.0, 0, tick
     while index < len(requests) or engine.running or engine.waiting:
         while index < len(requests) and requests[index].arrival <= now:
             request = requests[index]
             index += 1
-            if request.prompt_tokens + request.max_tokens > max_model_len:
-                request.finish_reason = "refused"
+            request.finish_reason = turned_away(engine, request, cap := cap_of(policy), max_model_len)
+            if request.finish_reason == "refused":
                 run.refused += 1
+            elif request.finish_reason == "shed":
+                run.shed += 1
+                if sample.takes(run.shed):
+                    good = would_have_been_good(engine, request, requests[index:], now, cap, slo, max_model_len)
+                    sample.add(run.shed, good)
             else:
                 engine.add(request)
         if not (engine.running or engine.waiting):
@@ -83,7 +99,85 @@ def replay(
     run.judgement = judge([_outcome(r) for r in requests], now, slo)
     run.decisions = dict(getattr(policy, "decisions", {}))
     run.requests = requests
+    if run.shed:
+        run.false_sheds, run.false_shed_sample = sample.estimate(run.shed), len(sample.good)
     return run
+
+
+def cap_of(policy: Policy) -> int | None:
+    """The queued-token cap ``policy`` has in force: None (no cap) for a policy of the limit alone."""
+    return getattr(policy, "queued_token_cap", None)
+
+
+def turned_away(engine: Engine, request: SimRequest, cap: int | None, max_model_len: int) -> str | None:
+    """Why vLLM would not admit ``request`` now: ``refused`` (too long, a 400), ``shed`` (its door, with the
+    queued-token cap ``cap`` in force, a 503), or None: admitted."""
+    if request.prompt_tokens + request.max_tokens > max_model_len:
+        return "refused"
+    if cap is None:
+        return None
+    state = AdmissionState(max_num_queued_tokens=cap, num_queued_tokens=engine.queued_tokens,
+                           num_unfinished_reqs=len(engine.waiting) + len(engine.running))  # fmt: skip
+    return "shed" if refusal(state) is not None else None
+
+
+@dataclass
+class ShedSample:
+    """A systematic sample of the sheds, evenly spread over the run however many there are: every
+    ``stride``-th, the stride doubling (and every other sample dropped) whenever ``most`` are held."""
+
+    most: int = 200
+    stride: int = 1
+    good: dict[int, bool] = field(default_factory=dict)  # shed ordinal -> whether admitting it would have been good
+
+    def takes(self, ordinal: int) -> bool:
+        return ordinal % self.stride == 0
+
+    def add(self, ordinal: int, good: bool) -> None:
+        self.good[ordinal] = good
+        if len(self.good) >= self.most:
+            self.stride *= 2
+            self.good = {n: g for n, g in self.good.items() if n % self.stride == 0}
+
+    def estimate(self, sheds: int) -> int:
+        return round(sheds * sum(self.good.values()) / len(self.good)) if self.good else 0
+
+
+def would_have_been_good(
+    engine: Engine, request: SimRequest, later: Sequence[SimRequest], now: float, cap: int | None, slo: Slo,
+    max_model_len: int, horizon: float = 600.0,
+) -> bool:  # fmt: skip
+    """Whether ``request``, shed at ``now``, would have met the SLO had it been admitted: a copy of the engine
+    with it admitted, run on with the later arrivals through the same door, the limit and cap held as they
+    are (for the few seconds until it finishes), ``horizon`` simulated seconds at most."""
+    shadow = copy.deepcopy(engine)
+    shadow.add(mine := _unserved(request))
+    index, t = 0, now
+    while mine.finished_at is None and t - now < horizon:
+        while index < len(later) and later[index].arrival <= t:
+            if turned_away(shadow, later[index], cap, max_model_len) is None:
+                shadow.add(_unserved(later[index]))
+            index += 1
+        if missed(mine, t, slo):
+            return False  # no need to run on to its end
+        duration = shadow.step(t).duration
+        if duration <= 0:  # nothing could run, not even this request: it would not have been served
+            break
+        t += duration
+    return mine.finished_at is not None and _outcome(mine).good(slo)
+
+
+def missed(request: SimRequest, now: float, slo: Slo) -> bool:
+    """Whether ``request``, unfinished at ``now``, can no longer be good: its TTFT is past, or its output
+    (all ``max_tokens`` of it, as every completion here runs to its length) cannot end within its TPOT."""
+    if request.first_token_at is None:
+        return now - request.arrival > slo.ttft_seconds
+    return now - request.first_token_at > slo.tpot_seconds * max(request.max_tokens - 1, 1)
+
+
+def _unserved(request: SimRequest) -> SimRequest:
+    """A copy of a request not yet served (the shadow run must not touch the real one's timings)."""
+    return SimRequest(request.id, request.prompt_tokens, request.max_tokens, request.arrival)
 
 
 def _outcome(request: SimRequest) -> Outcome:

@@ -101,6 +101,11 @@ class Engine:
     def kv_usage(self) -> float:
         return 1 - self.free_blocks / self.num_gpu_blocks
 
+    @property
+    def queued_tokens(self) -> int:
+        """The prompt tokens of the requests still in prefill, counted whole, as vLLM's queued-token cap counts."""
+        return sum(r.prompt_tokens for r in (*self.waiting, *self.running) if r.in_prefill)
+
     def add(self, request: SimRequest) -> None:
         self.waiting.append(request)
 

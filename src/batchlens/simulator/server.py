@@ -132,9 +132,9 @@ class Simulator:
 
     def admission(self) -> AdmissionState:
         """The caps, and what they count: every request not finished, and the prompts of those in prefill."""
-        unfinished = [*self._arrivals, *self.engine.waiting, *self.engine.running]
-        queued = sum(r.prompt_tokens for r in unfinished if r.in_prefill)
-        return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=len(unfinished),
+        queued = self.engine.queued_tokens + sum(r.prompt_tokens for r in self._arrivals)  # all in prefill
+        unfinished = len(self._arrivals) + len(self.engine.waiting) + len(self.engine.running)
+        return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=unfinished,
                               prefill_tokens_per_second=self.prefill_rate)  # fmt: skip
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
