@@ -8,6 +8,7 @@ reason is what the hook logs and what the page to on-call reads.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from batchlens.config import Breaker
 from batchlens.remediation.breaker import (
+    Door,
     EngineState,
     Observation,
     on_firing,
@@ -30,8 +32,9 @@ EPISODE = 1000.0  # startsAt of the alert in the stories below
 SKIPPED = ("cooldown", "stale", "cold_start_hold", "recorded")  # the labels of batchlens_remediation_actions_total
 
 
-def fire(limit: int, *, starts_at: float = EPISODE, capacity: int = 64, running: int | None = None, waiting: int = 0):
-    obs = Observation(limit, capacity, limit if running is None else running, waiting)
+def fire(limit: int, *, starts_at: float = EPISODE, capacity: int = 64, running: int | None = None, waiting: int = 0,
+         door: Door | None = None):  # fmt: skip
+    obs = Observation(limit, capacity, limit if running is None else running, waiting, door)
     return lambda s, now: on_firing(s, starts_at=starts_at, now=now, obs=obs, settings=SETTINGS)
 
 
@@ -154,6 +157,37 @@ def test_overload_holds_the_limit_counts_no_strike_and_pages_capacity_once() -> 
                                                     "says": "Holding the limit; escalating to on-call"}),
         (122, fire(8, waiting=31), "halve", {"set_limit": 4, "strikes": 1}),  # the queue is under 4 batches
     ])  # fmt: skip
+
+
+def door(pace: float, *, share: float = 0.3) -> Door:
+    return Door(cap_tokens=6000, shed_share=share, pace_seconds=pace, tpot_seconds=0.1, prefill_tokens_per_second=3750)
+
+
+def test_a_capped_door_with_requests_waiting_at_a_good_pace_holds_and_pages_capacity_through_every_firing() -> None:
+    # Admission keeps the queue far under 4 batches, so the old overload test never sees it: the door's
+    # figures do. Three firings past the cooldown would otherwise be three strikes and a cold start.
+    run([
+        (0, fire(32, waiting=5, door=door(0.06)), "hold_overload", {
+            "set_limit": None, "strikes": 0, "page": "capacity",
+            "says": "5 requests wait behind a batch of 32: the door caps the queue at 6000 tokens, from 3750 prefill "
+                    "tokens/s and refuses 30% of arrivals; the pace is 60 ms/token, within the SLO's 100 ms: P99 "
+                    "comes from the queue"}),
+        (61, fire(32, waiting=9, door=door(0.08)), "hold_overload", {"page": None, "strikes": 0}),
+        (122, fire(32, waiting=2, door=door(0.09, share=0.0)), "hold_overload", {"strikes": 0, "mode": "closed"}),
+        (183, fire(32, waiting=0, door=door(0.09)), "hold_overload", {"strikes": 0}),  # none waits, but some refused
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("waiting", "pace", "why"),
+    [
+        (5, 0.15, "the pace breaks the SLO: the batch is too big, so halving is the cure"),
+        (0, 0.06, "nobody waits and nothing is refused: the queue is not what breaks P99"),
+        (5, math.nan, "no token given in the minute: no pace to judge by"),
+    ],
+)
+def test_a_capped_door_is_no_excuse_when_the_pace_breaks_or_nothing_waits(waiting: int, pace: float, why: str) -> None:
+    assert fire(32, waiting=waiting, door=door(pace, share=0.0))(EngineState(), 0).action == "halve", why
 
 
 def test_a_batch_of_one_behind_four_waiting_is_overload_not_a_strike() -> None:

@@ -30,6 +30,18 @@ def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str
     assert read_sample(vllm_exposition, 0).prompt_tokens > 0  # vLLM's own counter, vllm:prompt_tokens_total
 
 
+def test_the_shed_share_is_the_doors_refusals_over_what_was_settled_and_reads_vllms_counter_every_reason() -> None:
+    text = (
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_tokens"} 30\n'
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 10\n'
+        'vllm:request_success_total{model_name="m",finished_reason="stop"} 100\n'
+    )
+    before, after = read_sample("", 0.0), read_sample(text, 10.0)
+    assert after.rejected == 40
+    assert window(before, after).shed_share == 40 / 140
+    assert window(after, after).shed_share == 0.0  # idle: nothing settled, nothing shed
+
+
 @pytest.mark.parametrize(
     ("history", "now", "cap", "reason"),
     [

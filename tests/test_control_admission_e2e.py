@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH
 from harness.admin import AdminClient, set_caps
 from harness.exporter import BATCHLENS, one, pick, scraped_sum
-from harness.remediate import RemediateProcess
+from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
 from test_remediate import eventually
 
@@ -27,13 +28,16 @@ SPEED = 4
 TTFT = 1.0 / SPEED
 
 
-def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_and_opens_the_door_after(tmp_path) -> None:
+def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_the_breaker_holds_and_the_door_opens_after(
+    tmp_path,
+) -> None:
     sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "16"))
     admin = AdminClient(sim.url, sim.token)
     control = {"enabled": True, "admission": True, "interval_seconds": 1 / SPEED, "timeout_seconds": 1,
                "admission_stale_seconds": 3, "start_limit": 16}  # fmt: skip
     hook = RemediateProcess(tmp_path, {"engines": [{"name": "sim", "url": sim.url}], "control": control,
-                                       "slo": {"ttft_seconds": TTFT, "tpot_seconds": 1.0}},
+                                       "slo": {"ttft_seconds": TTFT, "tpot_seconds": 1.0},
+                                       "breaker": {"cooldown_seconds": 0.5}},
                             env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
     argv = [BATCHLENS, "load", "--url", sim.url, "--rate", str(6 * SPEED), "--duration", "20", "--arrival", "poisson",
             "--prompt-tokens", "1024,2048", "--output-tokens", "32,64", "--json"]  # fmt: skip
@@ -47,6 +51,16 @@ def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_and_opens_th
         assert rate > 0 and 1 <= capped <= TTFT * rate  # TTFT x the prefill rate x a margin under 1
         eventually(lambda: scraped_sum(sim.url, "vllm:admission_rejections_total", reason="max_num_queued_tokens"),
                    timeout=20, what="the engine refusing requests past the cap")  # fmt: skip
+        # P99 breaks on the queue while the door sheds: three firings past the cooldown would be two halvings
+        # and a cold start; each is a hold and one capacity page, with the door's figures in it.
+        for _ in range(3):
+            assert hook.post(notification(alert("sim")))[0] == 200
+            time.sleep(1.0)
+        eventually(lambda: len(breaker_acts(hook)) == 3, timeout=10, what="three breaker decisions")
+        assert breaker_acts(hook) == ["hold_overload"] * 3, hook.process.log_tail()
+        assert admin.state().max_num_active_seqs == 16
+        paged = [line for line in hook.process.log_path.read_text().splitlines() if "PAGE capacity" in line]
+        assert len(paged) == 1 and "the door caps the queue at " in paged[0] and "refuses " in paged[0], paged
         out, _ = load.communicate(timeout=120)
         ran = json.loads(out)  # it exits 1: some requests were refused, which is the point
         shed = ran["errors"].get("http_503", 0)
@@ -90,6 +104,10 @@ def test_a_cap_set_by_hand_stands_for_the_hold_and_a_restart_after_kill_9_goes_o
     finally:
         hook.stop()
         sim.stop()
+
+
+def breaker_acts(hook: RemediateProcess) -> list[str]:
+    return [a["action"] for a in hook.actions() if a["action"] != "set_limit"]
 
 
 def decisions(hook: RemediateProcess) -> dict[str, float]:

@@ -37,7 +37,7 @@ from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
 from batchlens.goodput import Slo
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
-from batchlens.remediation.breaker import EngineState
+from batchlens.remediation.breaker import Door, EngineState
 from batchlens.remediation.store import Store
 
 log = logging.getLogger("batchlens.control")
@@ -76,6 +76,7 @@ class Controller:
                             name, state.manual_until - started, state.limit)  # fmt: skip
         self.decisions: Counter[tuple[str, str]] = Counter()  # (instance, reason)
         self.estimates: dict[str, Estimate] = {}
+        self._minutes: dict[str, Window] = {}  # instance -> its last minute, for the breaker's view of the door
         self._samples: dict[str, deque[EngineSample]] = {name: deque() for name in self._urls}
         self._due = dict.fromkeys(self._urls, 0.0)
         self._failing: dict[str, str] = {}  # instance -> the failure last logged
@@ -106,6 +107,14 @@ class Controller:
         if breaker.mode != "closed" and breaker.target_limit is not None:
             return min(breaker.target_limit, state.limit)
         return state.limit
+
+    def door(self, name: str) -> Door | None:
+        """The engine's door for the breaker: None unless batchlens holds a queued-token cap in force on it."""
+        cap, minute = self.caps_in_force.get(name), self._minutes.get(name)
+        if self._admission is None or not isinstance(cap, int) or minute is None:
+            return None
+        rate = self.caps[name].prefill_tokens_per_second if name in self.caps else None
+        return Door(cap, minute.shed_share, minute.itl.mean, self.slo.tpot_seconds, rate)
 
     def tick(self, now: float, breakers: Mapping[str, EngineState]) -> None:
         """Start a read-and-decide for every engine that is due; each runs on its own, so a hanging engine
@@ -231,7 +240,7 @@ class Controller:
             samples.popleft()
         if previous is None:
             return None
-        minute = window(samples[0], sample)
+        minute = self._minutes[name] = window(samples[0], sample)
         self.estimates[name] = Estimate(minute.attainment(self.slo), minute.goodput(self.slo))
         return window(previous, sample)
 

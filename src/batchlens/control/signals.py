@@ -24,6 +24,7 @@ GENERATED = ("vllm:generation_tokens_total",)
 PROMPTED = ("vllm:prompt_tokens_total",)
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 FINISHED = ("vllm:request_success_total",)
+REJECTED = ("vllm:admission_rejections_total",)  # 0.29 and later: every reason summed
 TTFT, ITL = LATENCIES["ttft"], LATENCIES["itl"]
 
 
@@ -88,6 +89,7 @@ class EngineSample:
     itl: Histogram
     finished: float = 0.0  # requests completed (any finish reason)
     prompt_tokens: float = 0.0  # prompt tokens prefilled
+    rejected: float = 0.0  # requests refused at the door by a queued cap
 
 
 def read_sample(text: str, time: float) -> EngineSample:
@@ -117,7 +119,7 @@ def read_sample(text: str, time: float) -> EngineSample:
     return EngineSample(
         time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),
         generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
-        finished=first(FINISHED), prompt_tokens=first(PROMPTED),
+        finished=first(FINISHED), prompt_tokens=first(PROMPTED), rejected=first(REJECTED),
     )  # fmt: skip
 
 
@@ -135,6 +137,15 @@ class Window:
     itl: Histogram  # the gaps between tokens in the window
     finished_per_second: float = 0.0
     prompt_tokens_per_second: float = 0.0  # prefilled; with requests waiting, the rate the queue drains at
+    rejected_per_second: float = 0.0  # refused at the door
+
+    @property
+    def shed_share(self) -> float:
+        """Of the requests that arrived and were settled in the window, the share refused at the door (0 idle).
+
+        Finished stands in for admitted, which vLLM does not count: the two agree while the queue is steady."""
+        settled = self.rejected_per_second + self.finished_per_second
+        return self.rejected_per_second / settled if settled > 0 else 0.0
 
     def attainment(self, slo: Slo) -> float:
         """An estimate of the share of requests within the SLO: P(TTFT ok) x P(a token's gap ok); NaN idle.
@@ -159,4 +170,5 @@ def window(earlier: EngineSample, later: EngineSample) -> Window:
         ttft=later.ttft.minus(earlier.ttft), itl=later.itl.minus(earlier.itl),
         finished_per_second=max(later.finished - earlier.finished, 0.0) / seconds,
         prompt_tokens_per_second=max(later.prompt_tokens - earlier.prompt_tokens, 0.0) / seconds,
+        rejected_per_second=max(later.rejected - earlier.rejected, 0.0) / seconds,
     )  # fmt: skip

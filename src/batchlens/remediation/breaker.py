@@ -20,6 +20,11 @@ The rules (DESIGN.md, "Breaker semantics"):
   halving would cut throughput and lengthen the queue. The breaker then holds
   the limit, counts no strike (cold start would be the worst answer), and
   escalates "capacity" to on-call once per episode.
+- **The door holds the queue.** With admission on (a queued-token cap in
+  force), the queue is kept short by refusing arrivals, so it never looks
+  long; when requests wait or the door refuses some, and the pace is within
+  the SLO, P99 still comes from the queue, and halving would only shed more. The breaker holds and
+  pages "capacity" the same way, with the door's figures in the reason.
 - Recovery starts when the alert resolves. Each ``recovery_interval_seconds``
   without a new trigger adds max(1, 10% of the original limit), up to the
   limit the engine had before the first strike; reaching it closes the breaker
@@ -34,6 +39,7 @@ from dataclasses import asdict, dataclass, replace
 from batchlens.config import Breaker as Settings
 
 RECOVERY_STEP = 0.10  # of the original limit, per recovery interval
+HOLDING = "Holding the limit; escalating to on-call"
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,33 @@ class Observation:
     capacity: int  # max_num_seqs
     running: int
     waiting: int
+    door: Door | None = None  # the admission cap in force, when the controller has set one
+
+
+@dataclass(frozen=True)
+class Door:
+    """The engine's door as the controller last saw it: a queued-token cap in force, and the minute behind it."""
+
+    cap_tokens: int
+    shed_share: float  # of the minute's arrivals, refused at the door (0 when nothing arrived)
+    pace_seconds: float  # the minute's mean gap between tokens (NaN when no token was given)
+    tpot_seconds: float  # the SLO's bound on that gap
+    prefill_tokens_per_second: float | None  # the rate the cap was set from
+
+    def queue_bound(self, waiting: int) -> bool:
+        """Demand is past what the door admits (requests wait, or it refused some) while the batch keeps its pace
+        (a NaN pace, no token seen, is not within the SLO)."""
+        return (waiting > 0 or self.shed_share > 0) and self.pace_seconds <= self.tpot_seconds
+
+    def said(self) -> str:
+        rate = (
+            ""
+            if self.prefill_tokens_per_second is None
+            else f", from {self.prefill_tokens_per_second:.0f} prefill tokens/s"
+        )
+        return (f"the door caps the queue at {self.cap_tokens} tokens{rate} and refuses {self.shed_share:.0%} of "
+                f"arrivals; the pace is {self.pace_seconds * 1e3:.0f} ms/token, within the SLO's "
+                f"{self.tpot_seconds * 1e3:.0f} ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -105,13 +138,17 @@ def on_firing(state: EngineState, *, starts_at: float, now: float, obs: Observat
         return _none(state, "already in cold-start mode: waiting for the alert to resolve", "cold_start_hold")
     original = state.original_limit if state.mode in ("tripped", "recovering") else obs.limit
     state = replace(state, capacity=obs.capacity, episode_starts_at=starts_at)
-    if obs.waiting >= settings.overload_queue_ratio * max(obs.limit, 1):
+    # A capped door that has requests waiting or refuses some, at a pace within the SLO: the queue breaks P99.
+    door = obs.door if obs.door is not None and obs.door.queue_bound(obs.waiting) else None
+    if door is not None or obs.waiting >= settings.overload_queue_ratio * max(obs.limit, 1):
         page = None if "capacity" in state.paged else "capacity"
         state = replace(state, paged=(*state.paged, "capacity") if page else state.paged, last_action_at=now)
-        reason = (
-            f"{obs.waiting} requests wait behind a batch of {obs.limit}: demand exceeds capacity, and halving "
-            "would lengthen the queue. Holding the limit; escalating to on-call"
+        why = (
+            f"{door.said()}: P99 comes from the queue, not the batch, and halving would only refuse more"
+            if door is not None
+            else "demand exceeds capacity, and halving would lengthen the queue"
         )
+        reason = f"{obs.waiting} requests wait behind a batch of {obs.limit}: {why}. " + HOLDING
         return Decision(state, "hold_overload", reason, page=page)
     strikes = state.strikes + 1
     base = replace(state, strikes=strikes, original_limit=original, last_action_at=now, recovering_since=None)

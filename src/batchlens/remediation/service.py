@@ -251,7 +251,8 @@ class Remediator:
             self.actions[(name, "observe", exc.reason)] += 1
             return None
         backoff.failures = 0
-        return Observation(now.max_num_active_seqs, now.max_num_seqs, now.num_running, now.num_waiting)
+        door = None if self.controller is None else self.controller.door(name)
+        return Observation(now.max_num_active_seqs, now.max_num_seqs, now.num_running, now.num_waiting, door)
 
     async def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:
         """Save the decision's state (and the delivery's done mark), log it, queue its page."""
