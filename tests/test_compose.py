@@ -59,6 +59,28 @@ def test_every_batchlens_command_is_a_real_subcommand_with_valid_flags(name: str
         assert loaded.engines, f"{local.name} names no engine"
 
 
+def test_compose_and_the_native_demo_send_the_same_load_and_steer_both_knobs(tmp_path) -> None:
+    """`docker compose --profile demo up` and `make demo` are the same stack: the load (with its overload phases,
+    at speed 1) and the controller's two knobs, as each writes them."""
+    from batchlens.demo import Demo
+    from batchlens.demo.command import OVERLOAD_EVERY, OVERLOAD_FACTOR, OVERLOAD_SECONDS
+
+    demo = Demo(tmp_path, litellm="off", overload=(OVERLOAD_EVERY, OVERLOAD_SECONDS, OVERLOAD_FACTOR))
+    [load] = [s for s in demo.prepare() if s.name == "load"]
+    native = load.argv[load.argv.index("load") + 1 :]
+    composed = COMPOSE["services"]["batchlens-load"]["command"][1:]
+
+    def shape(argv: list[str]) -> dict[str, str]:  # the flags that shape the load, not where it goes
+        flags = ("--rate", "--arrival", "--output-tokens", "--overload-every", "--overload-seconds",
+                 "--overload-factor")  # fmt: skip
+        return {f: argv[argv.index(f) + 1] for f in flags}
+
+    assert shape(native) == shape(composed) and shape(native)["--overload-every"] == "300"
+    native_control = yaml.safe_load((tmp_path / "batchlens.yaml").read_text())["control"]
+    composed_control = yaml.safe_load((ROOT / "provisioning" / "batchlens" / "demo.yaml").read_text())["control"]
+    assert native_control["admission"] is composed_control["admission"] is True
+
+
 @pytest.mark.parametrize("stack", ["demo", "gpu"])
 def test_each_stack_config_points_at_its_compose_services(stack: str) -> None:
     config = load_config(str(ROOT / "provisioning" / "batchlens" / f"{stack}.yaml"), {}, {})

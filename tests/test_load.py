@@ -40,6 +40,30 @@ def test_steady_arrivals_are_evenly_spaced() -> None:
     assert [p.at for p in planned] == pytest.approx([0.25 * k for k in range(1, 40)])
 
 
+@pytest.mark.parametrize("arrival", ["poisson", "bursty", "steady"])
+def test_an_overload_phase_adds_factor_minus_one_times_the_rate_in_each_periods_last_seconds(arrival: str) -> None:
+    base = LoadSpec(rate=20, duration=200, arrival=arrival)
+    phased = LoadSpec(rate=20, duration=200, arrival=arrival, overload_every=50, overload_seconds=10,
+                      overload_factor=3)  # fmt: skip
+    calm, loaded = plan(base), plan(phased)
+    extra = [p for p in loaded if p not in calm]
+    assert [p for p in loaded if p in calm] == calm, "the base schedule of the seed is kept, in order"
+    assert all(a.at <= b.at for a, b in itertools.pairwise(loaded))
+    assert extra and all(p.at % 50 >= 40 for p in extra), "the extra arrivals fall in the last 10 s of each 50 s"
+    expected = 20 * (3 - 1) * 10 * 4  # 40 extra requests/s, 10 s a phase, 4 phases
+    assert abs(len(extra) - expected) < 4 * expected**0.5
+    assert plan(phased) == loaded  # the same seed, the same phases
+
+
+@pytest.mark.parametrize(
+    "overload",
+    [dict(overload_seconds=0), dict(overload_seconds=60, overload_every=30), dict(overload_factor=1.0)],
+)
+def test_an_overload_phase_that_cannot_be_is_refused(overload: dict) -> None:
+    with pytest.raises(ValueError, match="overload phase"):
+        plan(LoadSpec(rate=1, duration=10, **{"overload_every": 30, **overload}))
+
+
 def test_a_share_of_the_load_is_sent_in_the_interactive_class_and_the_schedule_stays() -> None:
     spec = LoadSpec(rate=50, duration=20)
     classed = plan(LoadSpec(rate=50, duration=20, interactive_share=0.2))

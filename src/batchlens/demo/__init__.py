@@ -93,12 +93,14 @@ def secret(path: Path) -> str:
 class Demo:
     def __init__(self, run_dir: Path, *, offset: int = 0, speed: float = 1.0, rate: float = 2.5,
                  max_num_seqs: int = 64, steer: bool = True, vllm_version: str = DEFAULT_VLLM_VERSION,
-                 config: Config | None = None, litellm: str = "auto"):  # fmt: skip
+                 config: Config | None = None, litellm: str = "auto",
+                 overload: tuple[float, float, float] | None = None):  # fmt: skip
         self.run = run_dir.resolve()
         self.stack = self.run / "stack"  # alerts/, dashboards/, provisioning/ as `batchlens build` writes them
         self.config = config or Config()  # its thresholds shape the rules and dashboards
         self.offset, self.speed, self.rate, self.max_num_seqs = offset, speed, rate, max_num_seqs
         self.steer = steer  # run the controller (else the breaker alone acts, as before stage 3)
+        self.overload = overload  # (every, seconds, factor) of the load's overload phases, in simulated seconds
         self.vllm_version = vllm_version  # the metric dialect the simulator speaks
         self.address = native(offset)
         # The proxy's binary (find_litellm); None: no routing, the load goes straight to the engine.
@@ -127,7 +129,8 @@ class Demo:
             "remediate": {"listen": self.address("remediate"), "state_path": str(self.run / "remediate.sqlite"),
                           "alertmanager_url": self.url("alertmanager")},
             # The controller steers the batch limit; the breaker stays the safety layer around it.
-            "control": {"enabled": self.steer, "interval_seconds": 2 / self.speed,
+            # With it, the door's queued-token cap: past capacity the engine refuses what would miss its TTFT.
+            "control": {"enabled": self.steer, "admission": self.steer, "interval_seconds": 2 / self.speed,
                         "drain_seconds": 5 / self.speed},
             **({"routing": {"model": SERVED_MODEL, "exporter_url": self.url("exporter"),
                             "proxy_url": self.url("litellm"), "metrics_auth": False}} if self.litellm else {}),
@@ -183,8 +186,16 @@ class Demo:
         services.append(Service("load", [
             *BATCHLENS, "load", "--url", self.url("litellm" if self.litellm else "simulate"), "--rate", str(self.rate),
             "--duration", "86400", "--arrival", "bursty", "--output-tokens", "64,128,256", *load_via,
+            *self._overload_flags(),
         ], "", load_env))  # fmt: skip
         return services
+
+    def _overload_flags(self) -> list[str]:
+        if self.overload is None:
+            return []
+        every, seconds, factor = self.overload
+        return ["--overload-every", f"{every / self.speed:g}", "--overload-seconds", f"{seconds / self.speed:g}",
+                "--overload-factor", f"{factor:g}"]  # fmt: skip
 
     def engines(self) -> list[dict]:
         if not self.litellm:

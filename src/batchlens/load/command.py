@@ -36,6 +36,13 @@ from batchlens.load.plan import ARRIVALS
 @click.option("--interactive-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of requests sent as the interactive latency class (the header "
               "x-batchlens-latency-class: interactive), for a routing proxy (docs/routing.md).")  # fmt: skip
+@click.option("--overload-every", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="S",
+              help="Seconds between overload phases, each at the end of its period (0: none): the load runs calm, "
+              "then past capacity, again and again.")  # fmt: skip
+@click.option("--overload-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="S", help="How long each overload phase lasts.")  # fmt: skip
+@click.option("--overload-factor", type=click.FloatRange(min=1, min_open=True), default=2.0, show_default=True,
+              metavar="X", help="The rate during an overload phase, as a multiple of --rate.")  # fmt: skip
 @proxy_options(prefix="For a proxy: ")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True)
 @click.option("--max-connections", type=click.IntRange(1), default=512, show_default=True)
@@ -51,6 +58,9 @@ def load(
     output_tokens: tuple[int, ...],
     stream_share: float,
     interactive_share: float,
+    overload_every: float,
+    overload_seconds: float,
+    overload_factor: float,
     api_key_env: str | None,
     text_prompts: bool,
     timeout: float,
@@ -66,8 +76,9 @@ def load(
     tokenizer) and against `batchlens simulate`.
 
     \b
-    Example:
+    Examples:
       batchlens load --url http://127.0.0.1:8000 --rate 8 --duration 60 --arrival bursty
+      batchlens load --url http://127.0.0.1:8000 --rate 2.5 --duration 900 --overload-every 300  # 60 s at 2x
     """
     import asyncio
 
@@ -77,7 +88,11 @@ def load(
     spec = LoadSpec(
         rate=rate, duration=duration, arrival=arrival, prompt_tokens=prompt_tokens,
         output_tokens=output_tokens, stream_share=stream_share, interactive_share=interactive_share, seed=seed,
+        overload_every=overload_every, overload_seconds=overload_seconds, overload_factor=overload_factor,
     )  # fmt: skip
+    if overload_every and overload_seconds > overload_every:
+        raise click.BadParameter(f"{overload_seconds:g} s is longer than --overload-every {overload_every:g} s",
+                                 param_hint="--overload-seconds")  # fmt: skip
     planned, how = plan(spec), proxy_via(api_key_env, text_prompts)
     try:
         used, results, wall = asyncio.run(

@@ -9,6 +9,12 @@ than as a politely lower load.
   ``burst_factor`` x the rate with a quiet spell, so that the mean is still ``rate``.
 - ``steady``: evenly spaced, 1/rate apart: a scheduled feed, whose
   inter-arrival times do not vary at all.
+
+An overload phase (``overload_every`` > 0) lays a second Poisson stream of
+(``overload_factor`` - 1) x the rate over the last ``overload_seconds`` of every
+``overload_every``: the load runs calm first, then past capacity for a while, on
+any arrival pattern. Its own random stream leaves the base schedule of a seed
+as it was.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ class LoadSpec:
     burst_seconds: float = 2.0
     burst_factor: float = 3.0
     seed: int = 1
+    overload_every: float = 0.0  # seconds between overload phases; 0: none
+    overload_seconds: float = 60.0  # the length of each, at the end of its period
+    overload_factor: float = 2.0  # the rate during a phase, as a multiple of ``rate``
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,8 @@ def plan(spec: LoadSpec) -> list[Planned]:
         raise ValueError("rate and duration must be positive")
     if spec.arrival not in ARRIVALS:
         raise ValueError(f"arrival must be one of {', '.join(ARRIVALS)}, got {spec.arrival!r}")
+    if spec.overload_every and not (0 < spec.overload_seconds <= spec.overload_every and spec.overload_factor > 1):
+        raise ValueError("an overload phase needs 0 < overload_seconds <= overload_every and overload_factor > 1")
     rng = random.Random(spec.seed)
     period = spec.burst_seconds * spec.burst_factor  # a burst, then quiet: the mean rate is spec.rate
     out: list[Planned] = []
@@ -65,19 +76,35 @@ def plan(spec: LoadSpec) -> list[Planned]:
             if t % period >= spec.burst_seconds:  # landed in the quiet spell: skip to the next burst
                 t = (math.floor(t / period) + 1) * period
         if t >= spec.duration:
+            return sorted(out + _overload(spec), key=lambda p: p.at) if spec.overload_every else out
+        out.append(_draw(spec, rng, t))
+
+
+def _draw(spec: LoadSpec, rng: random.Random, at: float) -> Planned:
+    return Planned(
+        at=at,
+        prompt_tokens=rng.choice(list(spec.prompt_tokens)),
+        max_tokens=rng.choice(list(spec.output_tokens)),
+        stream=rng.random() < spec.stream_share,
+        # Drawn only when asked for, so that a seed's schedule stays what it was without classes.
+        latency_class=spec.latency_class if spec.interactive_share and rng.random() < spec.interactive_share else "",
+    )
+
+
+def _overload(spec: LoadSpec) -> list[Planned]:
+    """The extra arrivals of the overload phases: Poisson, only inside each period's last overload_seconds."""
+    rng = random.Random(f"overload-{spec.seed}")
+    calm = spec.overload_every - spec.overload_seconds
+    out: list[Planned] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(spec.rate * (spec.overload_factor - 1))
+        if t % spec.overload_every < calm:  # in the calm part: draw on from the phase's start (memoryless)
+            t = math.floor(t / spec.overload_every) * spec.overload_every + calm
+            continue
+        if t >= spec.duration:
             return out
-        out.append(
-            Planned(
-                at=t,
-                prompt_tokens=rng.choice(list(spec.prompt_tokens)),
-                max_tokens=rng.choice(list(spec.output_tokens)),
-                stream=rng.random() < spec.stream_share,
-                # Drawn only when asked for, so that a seed's schedule stays what it was without classes.
-                latency_class=spec.latency_class
-                if spec.interactive_share and rng.random() < spec.interactive_share
-                else "",
-            )
-        )
+        out.append(_draw(spec, rng, t))
 
 
 @dataclass
