@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -187,3 +188,46 @@ def test_a_tenants_key_cannot_claim_the_interactive_engine_pin_one_or_set_a_prio
         proxy.stop()
         for engine in engines.values():
             engine.stop()
+
+
+COUNTING = """
+import json, logging, pathlib, sys
+import tiktoken
+from batchlens.routing.litellm_proxy import count_cl100k
+
+warnings = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+logging.getLogger().addHandler(Catch(logging.WARNING))
+logging.getLogger("LiteLLM").addHandler(Catch(logging.WARNING))
+root = pathlib.Path(sys.argv[1])
+texts = [(root / p).read_text() for p in ("README.md", "docs/routing.md", "src/batchlens/routing/router.py")]
+names = ["meta-llama/Llama-3.1-8B-Instruct", "llama-2-7b-chat", "deepseek-sim", ""]
+counts = {n: [count_cl100k(model=n, text=t) for t in texts] for n in names}
+messages = [{"role": "user", "content": texts[0]}]
+counts_msgs = {n: count_cl100k(model=n, messages=messages) for n in names}
+encodings = {e: [len(tiktoken.get_encoding(e).encode(t)) for t in texts] for e in ("cl100k_base", "o200k_base")}
+print(json.dumps({"counts": counts, "messages": counts_msgs, "encodings": encodings, "warnings": warnings}))
+"""
+
+
+def test_a_text_prompt_counts_the_same_whatever_the_served_name_within_a_stated_bound(litellm_env) -> None:
+    """LiteLLM's own counter picks a tokenizer by the model's name: "llama-3" in it made it try Hugging Face, then
+    fall back to tiktoken with a warning, so the long-prompt bound rested on a name. The plugin's count is
+    cl100k_base for every name, and on English prose and code within 2% of a 200k-vocabulary tokenizer
+    (o200k_base), the error docs/routing.md states."""
+    from harness.litellm import OFFLINE, litellm_venv
+
+    ran = subprocess.run([str(litellm_venv() / "bin" / "python"), "-c", COUNTING, str(ROOT)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **litellm_env, **OFFLINE})  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    got = json.loads(ran.stdout)
+    assert not [w for w in got["warnings"] if "tiktoken" in w or "okenizer" in w], got["warnings"]
+    by_name = list(got["counts"].values())
+    assert all(c == by_name[0] for c in by_name), got["counts"]
+    # LiteLLM's text count runs a little over a plain encode (its own handling of special tokens): under 1%.
+    assert all(abs(a / b - 1) < 0.01 for a, b in zip(by_name[0], got["encodings"]["cl100k_base"], strict=True)), got
+    assert len(set(got["messages"].values())) == 1, got["messages"]
+    for cl100k, o200k in zip(got["encodings"]["cl100k_base"], got["encodings"]["o200k_base"], strict=True):
+        assert abs(cl100k / o200k - 1) <= 0.02, (cl100k, o200k)

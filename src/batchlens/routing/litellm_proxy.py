@@ -57,13 +57,23 @@ if not logging.getLogger().handlers and not log.handlers:
 GENERATION_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
 
 
+def count_cl100k(model: str = "", **prompt) -> int:
+    """A prompt's tokens in tiktoken's cl100k_base (LiteLLM bundles it: no download), whatever the served name.
+
+    LiteLLM's ``token_counter`` picks a tokenizer by the model's name: one containing "llama-3" or "llama-2" makes
+    it fetch one from Hugging Face, and offline fall back to tiktoken with a warning, so the long-prompt bound
+    would rest on a name. With no name it is always cl100k_base. docs/routing.md states the error against the
+    engines' own tokenizers."""
+    from litellm import token_counter
+
+    return token_counter(model="", **prompt)
+
+
 class BatchlensRouting(CustomLogger):
     def __init__(self, router: Router | None = None, count_text=None):
         super().__init__()
         self.router = router or Router(load_config(os.environ.get("BATCHLENS_CONFIG") or None))
-        if count_text is None:
-            from litellm import token_counter as count_text  # LiteLLM's counter: the model's, or tiktoken's
-        self._count_text = count_text
+        self._count_text = count_text or count_cl100k
         self._warned: set[str] = set()
         roles = "; ".join(f"{role}: {', '.join(names) or 'none'}" for role, names in self.router.roles.items())
         if not self.router.engines:
