@@ -67,8 +67,7 @@ def test_a_real_vllm_exposition_reads_into_a_sample(vllm_exposition: str) -> Non
 
 
 TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
-PEAK = Peak(32, 1000.0, 95.0)  # 1000 tokens/s from a batch of 32, five seconds before the cases' now
-OLD_PEAK = Peak(32, 1000.0, 0.0)  # the same, seen 100 s ago: a peak is not forgotten by age
+PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no time, so age never forgets it
 
 
 @pytest.mark.parametrize(
@@ -80,6 +79,10 @@ OLD_PEAK = Peak(32, 1000.0, 0.0)  # the same, seen 100 s ago: a peak is not forg
         # draining: judge nothing until hold_until
         (State(16, hold_until=105), w(running=30, pace=0.5), 103, 16, "drain"),
         (State(16, hold_until=105), w(running=16, waiting=9, pace=0.05), 106, 20, "headroom"),
+        # the drain ends once the batch is down to the limit, and at the latest at hold_until
+        (State(16, hold_until=105), w(running=16, waiting=9, pace=0.05), 103, 20, "headroom"),
+        (State(29, hold_until=130), w(running=57, pace=0.17), 104, 29, "drain"),  # the issue's 57 -> 29 -> 15
+        (State(16, hold_until=105), w(running=30, pace=0.5), 106, 8, "pace_over"),  # still over, but the bound
         # KV nearly full: down to running x 0.9 / usage
         (State(40), w(running=40, kv=0.98, pace=0.05), 100, 36, "kv_ceiling"),
         # nothing waits and the batch is half empty: the limit is not what binds
@@ -100,9 +103,8 @@ OLD_PEAK = Peak(32, 1000.0, 0.0)  # the same, seen 100 s ago: a peak is not forg
         (State(48, peak=PEAK, below=1), w(running=48, waiting=9, pace=0.06, tps=800), 100, 32, "past_peak"),
         (State(48, peak=PEAK), w(running=48, waiting=9, pace=0.06, tps=800), 100, 48, "steady"),  # once: wait
         (State(48, peak=PEAK, below=1), w(running=48, waiting=9, pace=0.05, tps=900), 100, 55, "headroom"),  # <15%
-        (State(48, peak=OLD_PEAK, below=1), w(running=48, waiting=9, pace=0.06, tps=800), 100, 32, "past_peak"),
         # a burst of arrivals under the limit (nothing waits) lowers tokens/s with its prefills: not a fall
-        (State(135, peak=Peak(79, 2881, 95), below=1), w(running=126, pace=0.062, tps=2067), 100, 135, "steady"),
+        (State(135, peak=Peak(79, 2881), below=1), w(running=126, pace=0.062, tps=2067), 100, 135, "steady"),
         # a window that began before the batch settled (the limit moved at 99) says nothing of tokens/s
         (State(48, peak=PEAK, below=1, since=99), w(running=48, waiting=9, pace=0.06, tps=800), 100, 55, "headroom"),
         # ... and no growth to the limit that lowered it while the peak is remembered
@@ -121,23 +123,23 @@ def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int,
 
 def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages_it() -> None:
     at32 = w(running=32, waiting=5, pace=0.025, tps=1280)  # 1280 tokens/s x 25 ms: a batch of 32
-    higher = decide(State(32, peak=Peak(16, 800, 95)), at32, 100, SLO, TUNING)
-    assert higher.state.peak == Peak(32, 1280, 100)
-    again = decide(State(32, peak=Peak(32, 1480, 95)), at32, 100, SLO, TUNING)
-    assert again.state.peak == Peak(32, 1380, 100), "seen again at about its batch, the peak's rate is averaged"
-    near = decide(State(32, peak=Peak(32, 1480, 95)), w(running=30, waiting=5, pace=0.025, tps=1200), 100, SLO,
+    higher = decide(State(32, peak=Peak(16, 800)), at32, 100, SLO, TUNING)
+    assert higher.state.peak == Peak(32, 1280)
+    again = decide(State(32, peak=Peak(32, 1480)), at32, 100, SLO, TUNING)
+    assert again.state.peak == Peak(32, 1380), "seen again at about its batch, the peak's rate is averaged"
+    near = decide(State(32, peak=Peak(32, 1480)), w(running=30, waiting=5, pace=0.025, tps=1200), 100, SLO,
                   TUNING)  # fmt: skip
-    assert near.state.peak == Peak(32, 1340, 100), "a batch of 30 is within 10% of the peak's 32: averaged"
-    level = decide(State(32, peak=Peak(16, 1280, 95)), at32, 100, SLO, TUNING)
-    assert level.state.peak == Peak(16, 1280, 95), "the same rate from a larger batch is no new peak"
-    old = decide(State(32, peak=Peak(16, 2000, 10)), at32, 100, SLO, TUNING)
-    assert old.state.peak == Peak(16, 2000, 10), "not forgotten by age: only a higher rate or its batch again"
+    assert near.state.peak == Peak(32, 1340), "a batch of 30 is within 10% of the peak's 32: averaged"
+    level = decide(State(32, peak=Peak(16, 1280)), at32, 100, SLO, TUNING)
+    assert level.state.peak == Peak(16, 1280), "the same rate from a larger batch is no new peak"
+    old = decide(State(32, peak=Peak(16, 2000)), at32, 100, SLO, TUNING)
+    assert old.state.peak == Peak(16, 2000), "not forgotten by age: only a higher rate or its batch again"
     quiet = decide(State(32, peak=PEAK), w(running=3, tps=100), 100, SLO, TUNING)
     assert quiet.state.peak == PEAK, "a lower rate at a smaller batch leaves the peak as it is"
     # The peak is learned from any window, by the batch that ran: under a burst that never filled the limit,
     # 20 running served more than 48 now do, so 48 is past the peak.
     light = decide(State(48), w(running=20, pace=0.02), 100, SLO, TUNING)
-    assert light.reason == "app_limited" and light.state.peak == Peak(20, 1000, 100)
+    assert light.reason == "app_limited" and light.state.peak == Peak(20, 1000)
     busy = replace(light.state, below=1)
     back = decide(busy, w(running=48, waiting=9, pace=0.06, tps=700), 110, SLO, TUNING)
     assert (back.limit, back.reason) == (24, "past_peak"), "down to the peak's batch, one max_step at a time"
@@ -150,7 +152,7 @@ def situations(draw) -> tuple[State, Window, float]:
     limit, now = draw(st.integers(2, 64)), draw(st.floats(100, 1e6))
     hold = draw(st.one_of(st.just(0.0), st.floats(now - 10, now + 10)))
     since = now - draw(st.floats(0, 30))
-    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4), st.just(now))))
+    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4))))
     ceiling = draw(st.one_of(st.none(), st.integers(2, 64)))
     state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)))
     pace = draw(st.one_of(st.none(), st.floats(0.001, 0.3)))
@@ -309,7 +311,7 @@ def test_while_the_breaker_is_open_control_may_cut_but_never_raise() -> None:
 
 def test_live_steering_keeps_the_laws_peak_across_ticks_and_through_the_store() -> None:
     first = tick(Steering(limit=32, seen_limit=32), signals=w(running=32, waiting=9, pace=0.05, tps=640))
-    assert first.state.peak == Peak(32, 640, 100) and first.reason == "headroom"
+    assert first.state.peak == Peak(32, 640) and first.reason == "headroom"
     grown, state = first.state.limit, first.state
     for now, reason in ((102, "headroom"), (104.5, "steady"), (106.5, "past_peak")):  # 102: not settled yet
         ticked = tick(state, now=now, in_force=state.limit, ours=(state.limit,),
@@ -319,6 +321,8 @@ def test_live_steering_keeps_the_laws_peak_across_ticks_and_through_the_store() 
     assert (state.limit, state.ceiling) == (32, grown)
     assert Steering.from_dict(json.loads(json.dumps(state.to_dict()))) == state, "kill -9 keeps it"
     assert Steering.from_dict({"limit": 8}) == Steering(limit=8), "a state stored before the peak still loads"
+    stored = {"limit": 8, "peak": {"batch": 16, "tokens_per_second": 500.0, "at": 3.0}}  # with the peak's old clock
+    assert Steering.from_dict(stored).peak == Peak(16, 500.0)
     unguarded = replace(state, limit=grown, below=1, hold_until=0, ceiling=None)
     off = tick(unguarded, now=110, in_force=grown, ours=(grown,), control=Control(enabled=True, past_peak=None),
                signals=w(running=grown, waiting=9, pace=0.075, tps=500))  # fmt: skip
@@ -368,7 +372,7 @@ def test_what_each_move_leaves_in_the_state_stated_by_hand() -> None:
     again = decide(State(48, peak=PEAK, below=1, ceiling=40, ceiling_until=150),
                    w(running=48, waiting=9, pace=0.06, tps=800), 100, SLO, TUNING)  # fmt: skip
     assert (again.reason, again.limit, again.state.ceiling, again.state.below) == ("past_peak", 32, 40, 0)
-    assert again.state.peak == replace(PEAK, at=100)  # the peak is seen again: its clock restarts
+    assert again.state.peak == PEAK  # the peak stands
     calm = decide(State(48, peak=PEAK, below=1), w(running=48, waiting=9, pace=0.095, tps=900), 100, SLO, TUNING)
     assert (calm.reason, calm.state.below) == ("steady", 0), "a window that is not a fall resets the count"
     wide = Tuning(min_limit=2, max_limit=64, max_step=2.0, drain_seconds=5.0)

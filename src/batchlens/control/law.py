@@ -7,7 +7,10 @@ not congestion here. The law aims at the SLO itself instead of a minimum-RTT
 baseline. Each tick, in this order:
 
 1. **Draining.** After a decrease the running batch needs time to come down to
-   the new limit; the law holds for ``drain_seconds`` and judges nothing.
+   the new limit: running requests are never preempted, they finish. The law
+   judges nothing while more requests run than the limit, for at most
+   ``drain_seconds``: a window of the old batch would only cut again (the hook
+   once cut 57 -> 29 -> 15 with 57, then 56, still running after a fixed 5 s).
 2. **Too slow per token.** The decode pace (ITL, the TPOT of the requests in
    flight) is over the SLO: cut the limit by the ratio of the SLO to the pace,
    between x0.5 and x0.9 (fast decrease), and drain.
@@ -62,7 +65,7 @@ class Tuning:
     pace_quantile: float | None = None  # None: the mean gap (exact, and what TPOT averages); else this quantile
     headroom: float = 0.8  # grow only while the pace is under this share of the SLO
     kv_target: float = 0.9
-    drain_seconds: float = 5.0
+    drain_seconds: float = 30.0  # the longest hold after a cut while the running batch drains to the limit
     max_step: float = 0.5  # a move is at most this share of the limit (and at least 1)
     past_peak: float | None = 0.85  # saturated tokens/s under this share of the peak's, above it: back to it
     peak_seconds: float = 60.0  # after a fall, no growth back to the limit that fell for this long
@@ -82,14 +85,13 @@ PEAK_BATCH_SPAN = 1.1  # batches within 10% of the peak's are the peak's; a fall
 
 @dataclass(frozen=True)
 class Peak:
-    """The most tokens/s a window showed, with how many requests ran (the batch), and when.
+    """The most tokens/s a window showed, with how many requests ran (the batch).
 
     Seen again at about the same batch, its rate is averaged: a peak that is the luckiest of many noisy
     windows would make every later window look like a fall."""
 
     batch: float
     tokens_per_second: float
-    at: float
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Decision:
 
 def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Decision:
     limit = state.limit
-    if now < state.hold_until:
+    if now < state.hold_until and w.running > limit:
         return Decision(state, "drain")
     pace = decode_pace(w, tuning)
     if not math.isnan(pace) and pace > slo.tpot_seconds:
@@ -133,7 +135,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
     settled = now - w.seconds >= state.since + tuning.settle_seconds
     saturated = w.waiting > 0 and w.running >= 0.9 * limit
     if tuning.past_peak is not None and batch >= 1:
-        state = _remember_peak(state, batch, w.tokens_per_second, now)
+        state = _remember_peak(state, batch, w.tokens_per_second)
         peak = state.peak
         # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
         # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
@@ -145,8 +147,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             # the queue (L2 thrashing, prefill stalls). Down to the peak's batch, and no growth back to this
             # limit for a while.
             ceiling = limit if state.ceiling is None or now >= state.ceiling_until else min(limit, state.ceiling)
-            state = replace(state, peak=replace(peak, at=now), ceiling=ceiling,
-                            ceiling_until=now + tuning.peak_seconds, below=0)  # fmt: skip
+            state = replace(state, ceiling=ceiling, ceiling_until=now + tuning.peak_seconds, below=0)
             return _move(state, math.ceil(peak.batch), now + tuning.drain_seconds, "past_peak", tuning, now)
         if fell:
             return Decision(state, "steady")  # once may be noise: no growth until the next window says
@@ -166,7 +167,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
     return Decision(state, "steady")
 
 
-def _remember_peak(state: State, batch: float, tokens_per_second: float, now: float) -> State:
+def _remember_peak(state: State, batch: float, tokens_per_second: float) -> State:
     """The throughput peak: a higher rate anywhere replaces it; seen again at its batch, it is averaged.
 
     It is never forgotten by age alone: a peak learned again at a batch past the real one would let the
@@ -174,9 +175,9 @@ def _remember_peak(state: State, batch: float, tokens_per_second: float, now: fl
     """
     peak = state.peak
     if peak is not None and abs(batch - peak.batch) <= (PEAK_BATCH_SPAN - 1) * peak.batch:
-        return replace(state, peak=Peak(peak.batch, (peak.tokens_per_second + tokens_per_second) / 2, now))
+        return replace(state, peak=Peak(peak.batch, (peak.tokens_per_second + tokens_per_second) / 2))
     if peak is None or tokens_per_second > peak.tokens_per_second:
-        return replace(state, peak=Peak(batch, tokens_per_second, now))
+        return replace(state, peak=Peak(batch, tokens_per_second))
     return state
 
 

@@ -58,7 +58,9 @@ class Steering:
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
         peak = data.get("peak")
-        return cls(**{k: data[k] for k in _PLAIN if k in data}, peak=None if peak is None else Peak(**peak))
+        # A peak stored with the time it was last seen (older stores) loads without it.
+        peak = None if peak is None else Peak(peak["batch"], peak["tokens_per_second"])
+        return cls(**{k: data[k] for k in _PLAIN if k in data}, peak=peak)
 
 
 _PLAIN = ("limit", "hold_until", "seen_limit", "manual_until", "ceiling", "ceiling_until", "since", "below")

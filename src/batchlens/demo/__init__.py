@@ -131,7 +131,7 @@ class Demo:
             # The controller steers the batch limit; the breaker stays the safety layer around it.
             # With it, the door's queued-token cap: past capacity the engine refuses what would miss its TTFT.
             "control": {"enabled": self.steer, "admission": self.steer, "interval_seconds": 2 / self.speed,
-                        "drain_seconds": 5 / self.speed},
+                        "drain_seconds": 30 / self.speed},
             **({"routing": {"model": SERVED_MODEL, "exporter_url": self.url("exporter"),
                             "proxy_url": self.url("litellm"), "metrics_auth": False}} if self.litellm else {}),
         }, sort_keys=False))  # fmt: skip
