@@ -30,7 +30,9 @@ from harness.prometheus import require_binary
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 UP_WITHIN = 60  # seconds from start until every target is up
-DATA_WITHIN = 180  # until the core panels have data and a breach has reached the hook (for: 1m, then routing)
+# Until the core panels have data and a breach has reached the hook (for: 1m, then routing). Alone it takes
+# 100-110 s; beside the rest of the suite on 2 cores, 174 s and more were seen.
+DATA_WITHIN = 300
 
 
 def free_offset() -> int:
