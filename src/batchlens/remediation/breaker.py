@@ -23,8 +23,9 @@ The rules (DESIGN.md, "Breaker semantics"):
 - **The door holds the queue.** With admission on (a queued-token cap in
   force), the queue is kept short by refusing arrivals, so it never looks
   long; when requests wait or the door refuses some, and the pace is within
-  the SLO, P99 still comes from the queue, and halving would only shed more. The breaker holds and
-  pages "capacity" the same way, with the door's figures in the reason.
+  the SLO, P99 still comes from the queue, and halving would only shed more.
+  The breaker holds and pages "capacity" the same way, with the door's
+  figures in the reason.
 - Recovery starts when the alert resolves. Each ``recovery_interval_seconds``
   without a new trigger adds max(1, 10% of the original limit), up to the
   limit the engine had before the first strike; reaching it closes the breaker

@@ -117,7 +117,7 @@ def turned_away(engine: Engine, request: SimRequest, cap: int | None, max_model_
     if cap is None:
         return None
     state = AdmissionState(max_num_queued_tokens=cap, num_queued_tokens=engine.queued_tokens,
-                           num_unfinished_reqs=len(engine.waiting) + len(engine.running))  # fmt: skip
+                           num_unfinished_reqs=engine.unfinished)  # fmt: skip
     return "shed" if refusal(state) is not None else None
 
 

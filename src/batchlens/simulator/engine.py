@@ -106,6 +106,11 @@ class Engine:
         """The prompt tokens of the requests still in prefill, counted whole, as vLLM's queued-token cap counts."""
         return sum(r.prompt_tokens for r in (*self.waiting, *self.running) if r.in_prefill)
 
+    @property
+    def unfinished(self) -> int:
+        """Requests waiting or running, as vLLM's queued-request cap counts them."""
+        return len(self.waiting) + len(self.running)
+
     def add(self, request: SimRequest) -> None:
         self.waiting.append(request)
 

@@ -133,7 +133,7 @@ class Simulator:
     def admission(self) -> AdmissionState:
         """The caps, and what they count: every request not finished, and the prompts of those in prefill."""
         queued = self.engine.queued_tokens + sum(r.prompt_tokens for r in self._arrivals)  # all in prefill
-        unfinished = len(self._arrivals) + len(self.engine.waiting) + len(self.engine.running)
+        unfinished = len(self._arrivals) + self.engine.unfinished
         return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=unfinished,
                               prefill_tokens_per_second=self.prefill_rate)  # fmt: skip
 
