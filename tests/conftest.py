@@ -80,12 +80,9 @@ def litellm_env(tmp_path_factory: pytest.TempPathFactory, distributions: Distrib
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
     """One real vLLM 0.32 on the CPU for the whole session, with the batchlens plugin and a token.
 
-    Startup takes about a minute.
+    Startup takes about 40 s. The server runs eager (harness.vllm), so no batch size stalls on a compile later.
     """
     server = start_vllm(tmp_path_factory.mktemp("vllm"), env={**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN})
-    # The first batches of each size compile (torch.compile) and stall the engine for
-    # seconds; pay for that here, not inside a test that samples the running batch.
-    server.load(requests=48, concurrency=16, max_tokens=32)
     yield server
     server.process.stop()
 

@@ -204,7 +204,7 @@ def dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[st
         env=env,
         max_num_seqs=16,
         memory_fraction=0.1,
-        extra_args=("--data-parallel-size", "2", "--enforce-eager"),
+        extra_args=("--data-parallel-size", "2"),
     )
     yield server
     server.process.stop()
@@ -230,7 +230,6 @@ def tokenless_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: 
         env={**vllm_plugin_env, TOKEN_ENV: ""},
         max_num_seqs=8,
         memory_fraction=0.1,
-        extra_args=("--enforce-eager",),
     )
     yield server
     server.process.stop()
