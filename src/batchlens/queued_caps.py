@@ -26,3 +26,8 @@ def refusal(caps: AdmissionState, n: int = 1) -> str | None:
     if caps.max_num_queued_tokens is not None and caps.num_queued_tokens >= caps.max_num_queued_tokens:
         return "max_num_queued_tokens"
     return None
+
+
+def refusal_body(reason: str) -> dict[str, object]:
+    """The OpenAI-style error body of vLLM's 503 for a queued cap (0.32 types it by the status's phrase)."""
+    return {"error": {"message": MESSAGES[reason], "type": "Service Unavailable", "param": None, "code": 503}}

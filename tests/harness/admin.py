@@ -83,8 +83,11 @@ def set_caps(admin: AdminClient, **caps: int | None) -> dict:
     return reply
 
 
-def check_admission_contract(admin: AdminClient) -> None:
-    """The queued caps: auth, validation that changes nothing, a change that reads back; no cap at the end."""
+def check_admission_contract(admin: AdminClient, door: str = "vllm") -> None:
+    """The queued caps: auth, validation that changes nothing, a change that reads back; no cap at the end.
+
+    ``door``: who applies them, vLLM's own caps or, on a release without them, the plugin's door.
+    """
     status, before = admin.request("GET", ADMISSION_PATH)
     assert status == 200 and before["max_num_queued_tokens"] is None and before["max_num_queued_reqs"] is None, before
     assert before["num_queued_tokens"] >= 0 and before["num_unfinished_reqs"] >= 0
@@ -104,7 +107,8 @@ def check_admission_contract(admin: AdminClient) -> None:
     assert set_caps(admin, prefill_tokens_per_second=2500)["prefill_tokens_per_second"] == 2500  # for Retry-After
     cleared = set_caps(admin, max_num_queued_tokens=None, max_num_queued_reqs=None, prefill_tokens_per_second=None)
     assert (cleared["max_num_queued_tokens"], cleared["max_num_queued_reqs"]) == (None, None)
-    assert admin.request("GET", INFO_PATH)[1]["queued_caps"] is True
+    info = admin.request("GET", INFO_PATH)[1]
+    assert (info["door"], info["queued_caps"]) == (door, door == "vllm"), info
 
 
 def check_disabled_without_token(admin: AdminClient) -> None:

@@ -17,7 +17,8 @@ RULES = ROOT / "alerts" / "batchlens.rules.yml"
 ALERTS = ROOT / "alerts" / "batchlens.alerts.yml"
 # Alert inputs no CPU server can give: NVML's GPU series, and the remediation hook's own breaker state.
 NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation|batchlens_routing_")
-#: vLLM's admission counter came with its queued caps (0.29): rules over it are empty on older releases.
+#: vLLM's admission counter came with its queued caps (0.29). Before, the plugin's door counts under the same name,
+#: but the captures of those releases (tests/data/releases) predate it: rules over it are empty there.
 NEEDS_QUEUED_CAPS = re.compile(r"admission_rejections")
 #: The routing plugin's series live on the LiteLLM proxy's /metrics, not the exporter's: tests/test_routing_proxy.py
 #: checks their rules against a real proxy.

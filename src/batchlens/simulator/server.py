@@ -39,7 +39,7 @@ from batchlens.admin_api import (
 )
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
-from batchlens.queued_caps import MESSAGES, refusal
+from batchlens.queued_caps import refusal, refusal_body
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
 from batchlens.simulator.engine import Engine, SimRequest
@@ -169,9 +169,8 @@ class Simulator:
         self.arrivals.arrived(time.monotonic())
         state = self.admission()
         if (reason := refusal(state)) is not None:  # as vLLM does: before any work for the request
-            if reason in self.metrics.admission_rejections:
-                self.metrics.admission_rejections[reason].inc()
-            refused = _error(api.ApiError(503, MESSAGES[reason]))
+            self.metrics.admission_rejections[reason].inc()
+            refused = web.json_response(refusal_body(reason), status=503)
             refused.headers["Retry-After"] = str(retry_after(state))  # as the plugin adds it to vLLM's 503
             return refused
         pending = self.submit(req.prompt_tokens, req.max_tokens)
@@ -267,21 +266,15 @@ class Simulator:
         return self._batch()
 
     async def _get_admission(self, _request: web.Request) -> AdmissionState:
-        self._check_caps()
         return self.admission()
 
     async def _put_admission(self, request: web.Request) -> AdmissionState:
-        self._check_caps()
         changes = parse_admission(await request.read())
         self.prefill_rate = changes.pop("prefill_tokens_per_second", self.prefill_rate)
         before = dict(self.caps)
         self.caps.update(changes)
         log.info("admission caps %s -> %s", before, self.caps)
         return self.admission()
-
-    def _check_caps(self) -> None:
-        if series_of(self.vllm_version) < QUEUED_CAPS:
-            raise AdminError(501, f"vLLM {self.vllm_version} has no queued caps (0.29 and later have them)")
 
     async def _reset_prefix_cache(self, _request: web.Request) -> CacheReset:
         """The contract's answer; no prefix caching is simulated, so there is nothing to empty."""
@@ -298,6 +291,7 @@ class Simulator:
             max_num_batched_tokens=e.max_num_batched_tokens,
             block_size=e.block_size,
             queued_caps=series_of(self.vllm_version) >= QUEUED_CAPS,
+            door="vllm" if series_of(self.vllm_version) >= QUEUED_CAPS else "plugin",
             num_gpu_blocks=e.num_gpu_blocks,
         )
 

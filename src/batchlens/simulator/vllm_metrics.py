@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from batchlens.queued_caps import MESSAGES
-from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, TPOT, dialect, series_of
+from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, TPOT, dialect
 from batchlens.simulator.engine import Engine, SimRequest, StepResult
 
 # vLLM 0.32's bucket bounds (vllm/v1/metrics/loggers.py).
@@ -97,14 +97,13 @@ class VllmMetrics:
             gauge, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
         )
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        #: vLLM's own count of requests its queued caps refused (0.29 and later; labelled without an engine).
-        self.admission_rejections = {}
-        if series_of(vllm_version) >= QUEUED_CAPS:
-            rejections = Counter(
-                "vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
-                ("model_name", "reason"), registry=r,
-            )  # fmt: skip
-            self.admission_rejections = {reason: rejections.labels(model_name, reason) for reason in MESSAGES}
+        #: Requests the queued caps refused, labelled without an engine: vLLM's own count from 0.29, the plugin
+        #: door's on older releases, under the same name (vllm_plugin/door.py).
+        rejections = Counter(
+            "vllm:admission_rejections", "Number of admission attempts rejected by a queue limit, by reason.",
+            ("model_name", "reason"), registry=r,
+        )  # fmt: skip
+        self.admission_rejections = {reason: rejections.labels(model_name, reason) for reason in MESSAGES}
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         # No prefix caching is simulated: every prompt token is a query, none a hit.

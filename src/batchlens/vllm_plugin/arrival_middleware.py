@@ -1,9 +1,11 @@
-"""An ASGI middleware in vLLM's API server that observes request arrivals (batchlens.arrivals).
+"""An ASGI middleware in vLLM's API server: it observes request arrivals (batchlens.arrivals) and keeps the door.
 
 It sees a generation request when it arrives and its answer when the headers
 go out (``text/event-stream`` is a stream), and never touches the bodies. To
-a 503 (vLLM's queued caps refusing it, docs/admission.md) it adds the
-``Retry-After`` that ``retry_after`` gives: when the backlog should have drained.
+a 503 (a queued cap refusing it, docs/admission.md) it adds the
+``Retry-After`` the door gives: when the backlog should have drained. On a
+release without vLLM's own queued caps, the plugin's door (door.py) refuses
+here, before vLLM sees the request, with vLLM's 503 and its error body.
 The series go to prometheus_client's default registry, which vLLM's /metrics
 serves. With several API server processes (``--api-server-count``) each sees
 only its own share of the arrivals, so the gaps are per process.
@@ -11,11 +13,13 @@ only its own share of the arrivals, so the gaps are per process.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
+from batchlens.queued_caps import refusal_body
 
 _metrics: ArrivalMetrics | None = None
 
@@ -28,17 +32,26 @@ def metrics() -> ArrivalMetrics:
     return _metrics
 
 
+class Door(Protocol):
+    def refusal(self) -> str | None: ...  # a reason of queued_caps.MESSAGES to refuse a request arriving now
+    def retry_after(self) -> int: ...
+
+
 class ArrivalMiddleware:
-    def __init__(self, app: Any, arrivals: ArrivalMetrics, retry_after: Callable[[], int] = lambda: 1):
+    def __init__(self, app: Any, arrivals: ArrivalMetrics, door: Callable[[], Door]):
         self.app = app
         self.arrivals = arrivals
-        self.retry_after = retry_after
+        self.door = door
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
         self.arrivals.arrived(time.monotonic())
+        door = self.door()
+        if (reason := door.refusal()) is not None:
+            await refuse(send, reason, door.retry_after())
+            return
 
         async def watch(message: dict) -> None:
             if message["type"] == "http.response.start" and message.get("status") == 200:
@@ -46,7 +59,19 @@ class ArrivalMiddleware:
                 self.arrivals.answered(content_type.startswith(b"text/event-stream"))
             elif message["type"] == "http.response.start" and message.get("status") == 503:
                 headers = [h for h in message.get("headers") or () if h[0].lower() != b"retry-after"]
-                message = {**message, "headers": [*headers, (b"retry-after", str(self.retry_after()).encode())]}
+                message = {**message, "headers": [*headers, (b"retry-after", str(door.retry_after()).encode())]}
             await send(message)
 
         await self.app(scope, receive, watch)
+
+
+async def refuse(send: Any, reason: str, retry_after: int) -> None:
+    """vLLM's 503 for a queued cap, as its serving code answers it, with the door's Retry-After."""
+    body = json.dumps(refusal_body(reason)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(retry_after).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

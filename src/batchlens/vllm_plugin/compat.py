@@ -142,6 +142,25 @@ def queued_caps_refusal(async_llm_cls: type) -> str | None:
     return None
 
 
+#: What the API server counts, per request, for the plugin's own door on releases without vLLM's caps: each
+#: request's state in the output processor, its prompt length, and whether it is still in prefill.
+REQUEST_STATE_FIELDS = ("prompt_len", "is_prefilling")
+VLLM_DOOR = "vllm"  # vLLM's own queued caps refuse (0.29 and later)
+PLUGIN_DOOR = "plugin"  # the plugin's middleware refuses by the same rules (door.py)
+
+
+def plugin_door_refusal(output_processor_cls: type, request_state_cls: type) -> str | None:
+    """Why the plugin cannot count, in the API server, what vLLM's queued caps count; None: it can."""
+    code = getattr(getattr(output_processor_cls, "__init__", None), "__code__", None)
+    if code is None or "request_states" not in _names(code):
+        return "OutputProcessor keeps no request_states"
+    used = frozenset().union(*SchedulerShape.of_class(request_state_cls).methods.values())
+    missing = [name for name in REQUEST_STATE_FIELDS if name not in used]
+    if missing:
+        return f"RequestState has no {', '.join(missing)}"
+    return None
+
+
 @dataclass(frozen=True)
 class Support:
     """What the plugin can do on the vLLM installed here, and how."""
@@ -150,7 +169,10 @@ class Support:
     mechanism: str | None  # ACTIVE_REQS or RUNNING_CAP; None: refused
     api_route: str  # ENDPOINT_PLUGIN or MIDDLEWARE
     refusal: str | None
-    caps_refusal: str | None = "not checked"  # why the queued caps cannot be set; None: through vLLM's own
+    caps_refusal: str | None = "not checked"  # why vLLM's own queued caps cannot be set; None: they can
+    #: Who applies the queued caps: VLLM_DOOR, PLUGIN_DOOR (where vLLM has none), or None (the route answers 501).
+    door: str | None = None
+    door_refusal: str | None = "not checked"  # why neither door can: the 501's reason
 
 
 def has_endpoint_plugins() -> bool:
@@ -181,8 +203,16 @@ def check_installed_vllm() -> Support:
         return Support(version, None, route, f"vLLM {version}: {refusal}")
     try:
         from vllm.v1.engine.async_llm import AsyncLLM
-    except ImportError:
-        caps = "vLLM has no vllm.v1.engine.async_llm"
+        from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+    except ImportError as exc:
+        caps = door_refusal = f"vLLM has no {exc.name or 'async LLM or output processor module'}"
     else:
         caps = queued_caps_refusal(AsyncLLM)
-    return Support(version, found.mechanism, route, None, None if caps is None else f"vLLM {version}: {caps}")
+        door_refusal = None if caps is None else plugin_door_refusal(OutputProcessor, RequestState)
+    door = VLLM_DOOR if caps is None else PLUGIN_DOOR if door_refusal is None else None
+    return Support(
+        version, found.mechanism, route, None,
+        caps_refusal=None if caps is None else f"vLLM {version}: {caps}",
+        door=door,
+        door_refusal=None if door else f"vLLM {version}: {caps}; {door_refusal}",
+    )  # fmt: skip

@@ -39,10 +39,12 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
+from batchlens.queued_caps import refusal
 from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
-from batchlens.vllm_plugin.compat import Support, check_installed_vllm
+from batchlens.vllm_plugin.compat import PLUGIN_DOOR, VLLM_DOOR, Support, check_installed_vllm
+from batchlens.vllm_plugin.door import PluginDoor, VllmDoor
 from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
 
 log = logging.getLogger("vllm.batchlens")
@@ -62,6 +64,8 @@ class AdminService:
         # different orders and leave them with different limits.
         self._lock = asyncio.Lock()
         self._prefill_rate: float | None = None  # the controller's estimate, for a refusal's Retry-After
+        doors = {VLLM_DOOR: VllmDoor, PLUGIN_DOOR: PluginDoor}
+        self._door = doors[support.door](engine_client) if engine_client is not None and support.door else None
 
     async def _all(self, method: str, *args: Any) -> list[Any]:
         """Call a batchlens utility method on every engine core; one result each."""
@@ -97,43 +101,54 @@ class AdminService:
         )  # fmt: skip
         return after
 
-    def _scheduler_config(self) -> Any:
-        """The API server's scheduler config, whose queued caps vLLM reads on every request (501 where not)."""
-        if self._support.caps_refusal is not None:
-            raise AdminError(501, f"the admission caps are not available here: {self._support.caps_refusal}")
-        if self._client is None:
+    def _open_door(self) -> VllmDoor | PluginDoor:
+        """The door whose caps the admission route reads and sets (501 where this release has none)."""
+        if self._support.door is None:
+            raise AdminError(501, f"the admission caps are not available here: {self._support.door_refusal}")
+        if self._door is None:
             raise AdminError(503, "this server has no engine (a render-only server): there is nothing to admit")
-        return self._client.scheduler_config
+        return self._door
 
-    def _admission(self, config: Any) -> AdmissionState:
+    def _admission(self, door: VllmDoor | PluginDoor) -> AdmissionState:
+        queued_tokens, unfinished = door.counts()
         return AdmissionState(
-            max_num_queued_tokens=config.max_num_queued_tokens,
-            max_num_queued_reqs=config.max_num_queued_reqs,
-            num_queued_tokens=self._client.get_num_queued_tokens(),
-            num_unfinished_reqs=self._client.get_num_unfinished_requests(),
+            max_num_queued_tokens=door.caps.max_num_queued_tokens,
+            max_num_queued_reqs=door.caps.max_num_queued_reqs,
+            num_queued_tokens=queued_tokens,
+            num_unfinished_reqs=unfinished,
             prefill_tokens_per_second=self._prefill_rate,
         )
 
     def retry_after(self) -> int:
         """What a refusal's Retry-After says: the backlog over the measured prefill rate (1 where unknown)."""
-        if self._client is None or self._support.caps_refusal is not None:
-            return 1
-        return retry_after(self._admission(self._client.scheduler_config))
+        return 1 if self._door is None else retry_after(self._admission(self._door))
+
+    def refusal(self) -> str | None:
+        """The plugin door's verdict on a request arriving now (a reason of queued_caps.MESSAGES, counted), or None.
+
+        None where vLLM's own door applies the caps: vLLM refuses in its serving code.
+        """
+        if not isinstance(self._door, PluginDoor):
+            return None
+        reason = refusal(self._admission(self._door))
+        if reason is not None:
+            self._door.rejections[reason].inc()
+        return reason
 
     async def admission(self) -> AdmissionState:
-        return self._admission(self._scheduler_config())
+        return self._admission(self._open_door())
 
     async def set_admission(self, body: bytes, client: str) -> AdmissionState:
-        config = self._scheduler_config()
+        door = self._open_door()
         changes = parse_admission(body)
         self._prefill_rate = changes.pop("prefill_tokens_per_second", self._prefill_rate)
         async with self._lock:
-            before = {name: getattr(config, name) for name in changes}
+            before = {name: getattr(door.caps, name) for name in changes}
             for name, cap in changes.items():
-                setattr(config, name, cap)
+                setattr(door.caps, name, cap)
         said = ", ".join(f"{name} {before[name]} -> {cap}" for name, cap in changes.items())
         log.info("batchlens: admission %s, requested by %s", said, client)
-        return self._admission(config)
+        return self._admission(door)
 
     async def reset_prefix_cache(self, client: str) -> CacheReset:
         """vLLM's own reset, on every engine core: what its dev-mode route does, behind our token."""
@@ -157,6 +172,7 @@ class AdminService:
             engines=len(engines),
             api_route=self._support.api_route,
             queued_caps=self._support.caps_refusal is None,
+            door=self._support.door,
             **first,
         )
 
@@ -180,17 +196,32 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
         )  # fmt: skip
     else:
         log.warning("batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV)
-    if support.caps_refusal is None:
+    if support.door == VLLM_DOOR:
         log.info("batchlens: %s sets vLLM's own queued caps at runtime", ADMISSION_PATH)
+    elif support.door == PLUGIN_DOOR:
+        log.info(
+            "batchlens: %s sets the plugin's queued caps at runtime (%s): its middleware refuses by vLLM 0.29's rules",
+            ADMISSION_PATH, support.caps_refusal,
+        )  # fmt: skip
     else:
-        log.info("batchlens: %s answers 501: %s", ADMISSION_PATH, support.caps_refusal)
+        log.info("batchlens: %s answers 501: %s", ADMISSION_PATH, support.door_refusal)
     return AdminService(engine_client, token, support)
 
 
-def retry_after_of(state: Any) -> int:
-    """A refusal's Retry-After from the admin state an app holds (1 before it exists, or where refused)."""
+class NoDoor:
+    """Before the admin state exists, or where the plugin refused this vLLM: nothing is refused."""
+
+    def refusal(self) -> None:
+        return None
+
+    def retry_after(self) -> int:
+        return 1
+
+
+def door_of(state: Any) -> AdminService | NoDoor:
+    """What answers for the door on an app's state: the admin service once it exists."""
     service = getattr(state, STATE_KEY, None)
-    return service.retry_after() if isinstance(service, AdminService) else 1
+    return service if isinstance(service, AdminService) else NoDoor()
 
 
 def log_refusal(support: Support) -> None:
@@ -287,7 +318,7 @@ class BatchlensEndpoint:
         else:
             attach_routes(app)
         # Arrivals feed `batchlens advise` (inter-arrival times, streaming share): see batchlens.arrivals.
-        app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics(), retry_after=lambda: retry_after_of(app.state))
+        app.add_middleware(ArrivalMiddleware, arrivals=arrival_metrics(), door=lambda: door_of(app.state))
 
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         service = admin_state(engine_client, self.support)

@@ -22,7 +22,7 @@ from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import MIDDLEWARE, check_installed_vllm
-from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_app, admin_state, log_refusal, retry_after_of
+from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_app, admin_state, door_of, log_refusal
 
 
 class AdminMiddleware:
@@ -31,25 +31,24 @@ class AdminMiddleware:
         log_refusal(self.support)
         self.listen = admin_listen(os.environ)
         self.admin = admin_app()
-        self.app = ArrivalMiddleware(
-            app, arrivals=arrival_metrics(), retry_after=lambda: retry_after_of(self.admin.state)
-        )
+        self.app = ArrivalMiddleware(app, arrivals=arrival_metrics(), door=lambda: door_of(self.admin.state))
         self._server: asyncio.Task | None = None  # the admin API's own port, where it has one
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self._bind(scope)  # the door applies from vLLM's first request on, admin call or not
         if scope["type"] == "lifespan" and self.listen.separate:
             await self.app(scope, receive, self._start_own_port(scope, send))
             return
         if scope["type"] != "http" or not scope.get("path", "").startswith(API_PREFIX) or self.listen.separate:
             await self.app(scope, receive, send)
             return
-        self._bind(scope)
         await self.admin(scope, receive, send)
 
     def _bind(self, scope: dict) -> None:
         """The engine client, once vLLM has one: its Starlette app puts itself in the scope, the client on its state."""
         if getattr(self.admin.state, STATE_KEY, None) is None:
-            engine_client = getattr(scope["app"].state, "engine_client", None)
+            engine_client = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
             if engine_client is not None:
                 setattr(self.admin.state, STATE_KEY, admin_state(engine_client, self.support))
 
