@@ -168,7 +168,8 @@ def test_the_plugin_middleware_counts_generation_requests_and_streams():
     async def send(message):
         sent.append(message)
 
-    middleware = ArrivalMiddleware(app, ArrivalMetrics(registry))
+    door = Door()
+    middleware = ArrivalMiddleware(app, ArrivalMetrics(registry), door=lambda: door)
     for method, path in [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/metrics"),
                          ("POST", "/batchlens/v1/batch")]:  # fmt: skip
         asyncio.run(middleware({"type": "http", "method": method, "path": path}, None, send))
@@ -177,6 +178,27 @@ def test_the_plugin_middleware_counts_generation_requests_and_streams():
     assert value("batchlens_requests_total", {"stream": "false"}) == 1
     assert value("batchlens_request_interarrival_seconds_count") == 1  # two arrivals, one gap
     assert len(sent) == 4  # every answer still goes out
+    # The plugin's door refuses a generation request before the app sees it: vLLM's 503, with its Retry-After.
+    door.reason, sent[:] = "max_num_queued_tokens", []
+    asyncio.run(middleware({"type": "http", "method": "POST", "path": "/v1/completions"}, None, send))
+    start, body = sent
+    assert start["status"] == 503 and (b"retry-after", b"7") in start["headers"], start
+    assert json.loads(body["body"])["error"]["message"].startswith("The engine has reached its prefill token")
+    assert value("batchlens_requests_total", {"stream": "false"}) == 1  # refused: never answered by the app
+    asyncio.run(middleware({"type": "http", "method": "GET", "path": "/metrics"}, None, send))
+    assert sent[-1]["status"] == 200  # nothing but generation requests goes through the door
+
+
+class Door:
+    """The admission door as the middleware asks it (the plugin's AdminService in vLLM): a verdict per request."""
+
+    reason: str | None = None
+
+    def refusal(self) -> str | None:
+        return self.reason
+
+    def retry_after(self) -> int:
+        return 7
 
 
 # -- the real thing: two Prometheus servers, two kinds of traffic --------------------------------

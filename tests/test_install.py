@@ -26,16 +26,19 @@ from harness.exporter import parse_samples, pick
 from harness.litellm import litellm_venv
 from harness.procs import Process, free_port, http_get
 from harness.prometheus import require_binary
+from harness.shared import once_per_run
 from harness.wheel import REPO, Distributions, install_in_new_venv, run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TOKEN = "install-test-token"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(distributions: Distributions, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bin folder of a new virtualenv holding the wheel."""
-    return install_in_new_venv(distributions.wheel, tmp_path_factory.mktemp("venv") / "venv")
+    """The bin folder of a new virtualenv holding the wheel: one for the run, whichever workers use it (no test
+    installs anything more into it)."""
+    make = lambda folder: str(install_in_new_venv(distributions.wheel, folder / "venv"))  # noqa: E731
+    return Path(once_per_run(tmp_path_factory, "wheel-venv", make))
 
 
 @pytest.fixture
