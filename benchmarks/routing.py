@@ -60,7 +60,7 @@ def long_prompts(engine: SimulatorProcess) -> float:
 
 
 def run(
-    tmp_path: Path, litellm_env: dict[str, str], trace: Path, routed: bool
+    tmp_path: Path, litellm_env: dict[str, str], trace: Path, routed: bool, seconds: float
 ) -> tuple[dict, dict[str, SimulatorProcess]]:
     folder = tmp_path / ("routed" if routed else "pooled")
     folder.mkdir()
@@ -80,7 +80,7 @@ def run(
             proxy.complete(" the" * 3000)
             proxy.complete(" the" * 64)
         done = replay(trace, proxy.url, "--served-model", "deepseek-sim", "--api-key-env", "PROXY_KEY",
-                      "--text-prompts", "--slo-ttft", "0.5", "--slo-tpot", "0.1", timeout=SECONDS + 240,
+                      "--text-prompts", "--slo-ttft", "0.5", "--slo-tpot", "0.1", timeout=seconds + 240,
                       env={"PROXY_KEY": MASTER_KEY})  # fmt: skip
         if done.returncode != 0:
             raise SystemExit(f"replay through the proxy failed: {done.stderr[-3000:]}")
@@ -108,6 +108,10 @@ def faults(routed: dict, pooled: dict, counts: dict[str, int], longs: int) -> li
             found.append(f"{name}: sent {figures['sent']} of {sum(counts.values())}, stopped {figures['stopped']}")
         if figures["policies"][0]["refused"]:
             found.append(f"{name}: {figures['policies'][0]['refused']} refused")
+        total = figures["accounting"]["total"]
+        if total["answered"] != total["sent"]:  # a request lost, refused or failed: each by its reason
+            found.append(f"{name}: answered {total['answered']} of {total['sent']}: refused {total['refused']}, "
+                         f"failed {total['failed']}")  # fmt: skip
     by_role: dict[str, float] = {}
     for key, n in routed["decisions"].items():
         by_role[key.split("/")[1]] = by_role.get(key.split("/")[1], 0) + n
@@ -131,12 +135,15 @@ def main() -> int:
         trace = folder / "mixed.jsonl"
         counts = write_mixed_trace(trace, args.seconds, STREAMS)
         longs = sum(json.loads(line)["prompt_tokens"] in LONG_PROMPTS for line in trace.read_text().splitlines())
-        routed, _ = run(folder, litellm_env, trace, routed=True)
-        pooled, _ = run(folder, litellm_env, trace, routed=False)
+        routed, _ = run(folder, litellm_env, trace, routed=True, seconds=args.seconds)
+        pooled, _ = run(folder, litellm_env, trace, routed=False, seconds=args.seconds)
     interactive = {name: next(c for c in f["classes"] if c["policy"] == "interactive") for name, f in
                    (("routed", routed), ("pooled", pooled))}  # fmt: skip
     print(f"requests per class: {counts}; long prompts: {longs}")
     for name, figures in (("routed", routed), ("pooled", pooled)):
+        total = figures["accounting"]["total"]
+        print(f"{name:>7}: sent {total['sent']}, answered {total['answered']}, refused {total['refused']}, "
+              f"failed {total['failed']}")  # fmt: skip
         print(f"{name:>7}: served {figures['served']}, long prompts {figures['long_prompts']}, "
               f"preemptions {figures['preemptions']}")  # fmt: skip
     ratio = interactive["routed"]["p99_ttft_s"] / interactive["pooled"]["p99_ttft_s"]

@@ -5,12 +5,16 @@ The simulator is the stand-in for vLLM on a GPU; the `vllm` test uses the real C
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import subprocess
 
+import aiohttp
 import pytest
+from aiohttp import web
 
+from batchlens.load.client import connector
 from batchlens.load.plan import LoadSpec, Planned, Result, percentile, plan, report
 from harness.exporter import BATCHLENS, parse_samples, pick
 from harness.procs import http_get
@@ -128,3 +132,38 @@ def test_a_run_against_real_vllm_counts_what_vllm_counts(vllm_server: VllmServer
     assert rep["model"] == vllm_server.model
     assert rep["requests"] == rep["succeeded"] == after - before > 0
     assert rep["ttft_seconds"]["p50"] is not None
+
+
+def test_an_idle_connection_is_dropped_before_the_server_would_close_it() -> None:
+    """The lost request of issue 32: uvicorn (vLLM's API server, the LiteLLM proxy) closes a connection idle for
+    5 s, and a client that keeps it longer can send a request into the closing socket, where it vanishes. The load's
+    and replay's pool keeps one idle for 4 s: a request after 4.5 s opens a new connection; one after 0.2 s reuses.
+    Real sockets and a real aiohttp server with uvicorn's keep-alive."""
+
+    async def scenario() -> list[int]:
+        peers: list[int] = []
+
+        async def answer(request: web.Request) -> web.Response:
+            peers.append(request.transport.get_extra_info("peername")[1])
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_post("/", answer)
+        runner = web.AppRunner(app, keepalive_timeout=5.0)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/"
+        try:
+            async with aiohttp.ClientSession(connector=connector(4)) as session:
+                for pause in (0.0, 0.2, 4.5):
+                    await asyncio.sleep(pause)
+                    async with session.post(url, json={}) as reply:
+                        await reply.read()
+        finally:
+            await runner.cleanup()
+        return peers
+
+    first, soon, late = asyncio.run(scenario())
+    assert first == soon  # kept alive: the pool works
+    assert late != soon  # dropped at 4 s, before the server's 5 s: a fresh connection, never a closing one

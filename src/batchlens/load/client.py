@@ -132,6 +132,17 @@ async def send(
         return Result(p, False, "protocol")
 
 
+#: How long an idle connection is kept for the next request: under the 5 s after which uvicorn (vLLM's API server,
+#: the LiteLLM proxy) closes one. Kept longer (aiohttp's default is 15 s), a request sent as the server closes
+#: the connection is lost before it reaches the application: no answer, no access-log line (issue 32).
+KEEPALIVE_SECONDS = 4.0
+
+
+def connector(max_connections: int) -> aiohttp.TCPConnector:
+    """The connection pool of a load or a replay: at most ``max_connections``, none kept idle past the server's."""
+    return aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=KEEPALIVE_SECONDS)
+
+
 async def run(
     url: str,
     planned: Sequence[Planned],
@@ -142,8 +153,7 @@ async def run(
     via: Via = DIRECT,
 ) -> tuple[str, list[Result], float]:
     """Send each planned request at its time; return the model used, the results and the wall time."""
-    connector = aiohttp.TCPConnector(limit=max_connections)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector(max_connections)) as session:
         model = model or await first_model(session, url, min(timeout, 10), via)
         loop = asyncio.get_running_loop()
         start = loop.time()

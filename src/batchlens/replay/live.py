@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from batchlens.goodput import Outcome, Slo, judge
-from batchlens.load.client import DIRECT, Via, first_model, send
+from batchlens.load.client import DIRECT, Via, connector, first_model, send
 from batchlens.load.plan import Planned, Result
 from batchlens.replay.simulated import Run
 from batchlens.replay.traces import TraceRequest
@@ -89,8 +89,7 @@ async def replay_live(
     via: Via = DIRECT,
 ) -> LiveRun:
     """Send ``trace`` to ``url`` on its schedule; ValueError (before anything is sent) when nobody answers."""
-    connector = aiohttp.TCPConnector(limit=max_connections)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector(max_connections)) as session:
         model = model or await first_model(session, url, min(timeout, 10), via)
         loop = asyncio.get_running_loop()
         start, dead = loop.time(), asyncio.Event()
