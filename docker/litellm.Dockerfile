@@ -21,4 +21,4 @@ ENV LITELLM_LOCAL_MODEL_COST_MAP=True
 EXPOSE 4000
 # `batchlens build` writes the proxy's config from the batchlens config the plugin reads too (BATCHLENS_CONFIG):
 # one source, here as in a checkout.
-ENTRYPOINT ["/bin/sh", "-ec", "batchlens build --config \"$BATCHLENS_CONFIG\" --root /tmp/batchlens > /dev/null && exec litellm --config /tmp/batchlens/routing/litellm-config.yaml --host 0.0.0.0 --port 4000 --num_workers 1 \"$@\"", "litellm"]
+ENTRYPOINT ["/bin/sh", "-ec", "batchlens build --config \"$BATCHLENS_CONFIG\" --root /tmp/batchlens > /dev/null && exec litellm --config /tmp/batchlens/routing/litellm-config.yaml --host 0.0.0.0 --port 4000 --num_workers 1 --keepalive_timeout 75 \"$@\"", "litellm"]

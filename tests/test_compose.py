@@ -191,9 +191,10 @@ def test_the_stacks_addresses_come_from_one_table() -> None:
 
 
 def test_the_litellm_release_is_pinned_in_one_place_and_installed_as_pinned() -> None:
-    from batchlens.routing.proxy_config import LITELLM_VERSION
+    from batchlens.routing.proxy_config import LITELLM_VERSION, SERVER_ARGS
 
     script = (ROOT / "scripts" / "litellm-env.sh").read_text()
     dockerfile = (ROOT / "docker" / "litellm.Dockerfile").read_text()
     assert f'LITELLM_VERSION="${{LITELLM_VERSION:-{LITELLM_VERSION}}}"' in script
     assert f"ARG LITELLM_VERSION={LITELLM_VERSION}\n" in dockerfile
+    assert f"--port 4000 {' '.join(SERVER_ARGS)} " in dockerfile  # the server settings the demo and tests use

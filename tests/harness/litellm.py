@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from batchlens.demo import LITELLM_ENV as DEFAULT_VENV  # make litellm-env's, where the demo finds it too
-from batchlens.routing.proxy_config import LITELLM_VERSION
+from batchlens.routing.proxy_config import LITELLM_VERSION, SERVER_ARGS
 from harness.procs import Process, free_port
 
 MASTER_KEY = "sk-batchlens-test-master-key-0123456789"
@@ -54,7 +54,7 @@ class LitellmProxy:
         if "custom_auth" in proxy_config.get("general_settings", {}):  # LiteLLM imports it from the config's folder
             (workdir / "litellm_keys.py").write_text((Path(__file__).parent / "litellm_keys.py").read_text())
         argv = [str(litellm_venv() / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
-                "--port", str(self.port), "--num_workers", "1"]  # fmt: skip
+                "--port", str(self.port), *SERVER_ARGS]  # fmt: skip
         env = {**env, **OFFLINE, "LITELLM_MASTER_KEY": MASTER_KEY, "BATCHLENS_CONFIG": str(batchlens_config)}
         self.process = Process("litellm", argv, workdir / f"litellm-{self.port}.log", env=env, cwd=workdir)
         self.process.wait_http(self.url + "/health/liveliness", timeout=120)

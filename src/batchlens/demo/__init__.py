@@ -34,7 +34,7 @@ import yaml
 
 from batchlens.artifacts import build
 from batchlens.config import Config, load_config
-from batchlens.routing.proxy_config import LITELLM_VERSION, litellm_config
+from batchlens.routing.proxy_config import LITELLM_VERSION, SERVER_ARGS, litellm_config
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION
 from batchlens.stack import SERVICES, Address, alertmanager_config, native, template
 
@@ -218,7 +218,7 @@ class Demo:
         host, port = self.address("litellm").rsplit(":", 1)
         # Offline, LiteLLM would spend seconds fetching its model cost map from GitHub first.
         env = {**key, "BATCHLENS_CONFIG": str(config), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        argv = [self.litellm, "--config", str(proxy), "--host", host, "--port", port, "--num_workers", "1"]
+        argv = [self.litellm, "--config", str(proxy), "--host", host, "--port", port, *SERVER_ARGS]
         return Service("litellm", argv, self.url("litellm") + "/health/liveliness", env, startup_seconds=120)
 
     def _grafana(self, binary: str) -> Service:

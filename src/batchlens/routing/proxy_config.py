@@ -22,6 +22,11 @@ from batchlens.routing.router import ENGINE_TAG
 #: The LiteLLM release whose proxy hook API the plugin targets; scripts/litellm-env.sh and
 #: docker/litellm.Dockerfile install the same one (a test checks them).
 LITELLM_VERSION = "1.106.12"
+#: How batchlens runs the proxy's server (the demo, docker/litellm.Dockerfile, the tests; a test checks them). One
+#: worker: the plugin's signals and counters live in its process. A keep-alive of 75 s, past the clients' (httpx
+#: keeps an idle connection 5 s, aiohttp 15 s): at uvicorn's 5 s, the server closes a connection just as a client
+#: reuses it, and that request is lost before the proxy sees it (issue 32).
+SERVER_ARGS = ("--num_workers", "1", "--keepalive_timeout", "75")
 PLUGIN = "batchlens.routing.litellm_proxy.routing"
 FALLBACK_TAG = "default"  # LiteLLM's tag for deployments that take requests no other tag matched
 
