@@ -45,6 +45,7 @@ from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, serie
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.gpu import SimulatedGpu
 from batchlens.simulator.vllm_metrics import VllmMetrics
+from batchlens.vllm_plugin.compat import PLUGIN_DOOR, VLLM_DOOR
 
 log = logging.getLogger("batchlens.simulator")
 
@@ -291,7 +292,7 @@ class Simulator:
             max_num_batched_tokens=e.max_num_batched_tokens,
             block_size=e.block_size,
             queued_caps=series_of(self.vllm_version) >= QUEUED_CAPS,
-            door="vllm" if series_of(self.vllm_version) >= QUEUED_CAPS else "plugin",
+            door=VLLM_DOOR if series_of(self.vllm_version) >= QUEUED_CAPS else PLUGIN_DOOR,
             num_gpu_blocks=e.num_gpu_blocks,
         )
 
