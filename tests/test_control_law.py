@@ -286,7 +286,7 @@ def test_control_starts_where_the_engine_is_or_at_its_start_limit_and_decides_no
 
 
 def test_a_hand_on_the_knob_pauses_control_and_it_resumes_from_the_hand_after_the_hold() -> None:
-    steady = Steering(limit=32, seen_limit=32)
+    steady = Steering(State(32), seen_limit=32)
     found = tick(steady, in_force=50, ours=(32,), signals=w(running=32, waiting=9, pace=0.02))
     assert (found.state.limit, found.reason, found.event) == (50, "manual_hold", "manual")
     assert found.state.manual_until == 100 + CONTROL.manual_hold_seconds
@@ -297,12 +297,12 @@ def test_a_hand_on_the_knob_pauses_control_and_it_resumes_from_the_hand_after_th
 
 
 def test_a_limit_batchlens_set_is_not_mistaken_for_a_hand() -> None:
-    moved = tick(Steering(limit=40, seen_limit=32), in_force=40, ours=(32, 40), signals=w(running=5))
+    moved = tick(Steering(State(40), seen_limit=32), in_force=40, ours=(32, 40), signals=w(running=5))
     assert moved.event == "" and moved.reason == "app_limited" and moved.state.manual_until == 0
 
 
 def test_while_the_breaker_is_open_control_may_cut_but_never_raise() -> None:
-    open_ = Steering(limit=32, seen_limit=16)
+    open_ = Steering(State(32), seen_limit=16)
     growth = tick(open_, in_force=16, ours=(16,), breaker_open=True, signals=w(running=16, waiting=50, pace=0.02))
     assert (growth.state.limit, growth.reason) == (16, "breaker_open"), "follows the breaker's limit, no raise"
     cut = tick(open_, in_force=16, ours=(16,), breaker_open=True, signals=w(running=16, pace=0.5))
@@ -310,20 +310,21 @@ def test_while_the_breaker_is_open_control_may_cut_but_never_raise() -> None:
 
 
 def test_live_steering_keeps_the_laws_peak_across_ticks_and_through_the_store() -> None:
-    first = tick(Steering(limit=32, seen_limit=32), signals=w(running=32, waiting=9, pace=0.05, tps=640))
-    assert first.state.peak == Peak(32, 640) and first.reason == "headroom"
+    first = tick(Steering(State(32), seen_limit=32), signals=w(running=32, waiting=9, pace=0.05, tps=640))
+    assert first.state.law.peak == Peak(32, 640) and first.reason == "headroom"
     grown, state = first.state.limit, first.state
     for now, reason in ((102, "headroom"), (104.5, "steady"), (106.5, "past_peak")):  # 102: not settled yet
         ticked = tick(state, now=now, in_force=state.limit, ours=(state.limit,),
                       signals=w(running=state.limit, waiting=9, pace=0.075, tps=500))  # fmt: skip
         assert ticked.reason == reason, (now, ticked)
-        state = ticked.state if reason != "headroom" else replace(ticked.state, limit=grown, since=first.state.since)
-    assert (state.limit, state.ceiling) == (32, grown)
+        held = replace(ticked.state.law, limit=grown, since=first.state.law.since)  # headroom's growth undone
+        state = ticked.state if reason != "headroom" else replace(ticked.state, law=held)
+    assert (state.limit, state.law.ceiling) == (32, grown)
     assert Steering.from_dict(json.loads(json.dumps(state.to_dict()))) == state, "kill -9 keeps it"
-    assert Steering.from_dict({"limit": 8}) == Steering(limit=8), "a state stored before the peak still loads"
+    assert Steering.from_dict({"limit": 8}) == Steering(State(8)), "a state stored before the peak still loads"
     stored = {"limit": 8, "peak": {"batch": 16, "tokens_per_second": 500.0, "at": 3.0}}  # with the peak's old clock
-    assert Steering.from_dict(stored).peak == Peak(16, 500.0)
-    unguarded = replace(state, limit=grown, below=1, hold_until=0, ceiling=None)
+    assert Steering.from_dict(stored).law.peak == Peak(16, 500.0)
+    unguarded = replace(state, law=replace(state.law, limit=grown, below=1, hold_until=0, ceiling=None))
     off = tick(unguarded, now=110, in_force=grown, ours=(grown,), control=Control(enabled=True, past_peak=None),
                signals=w(running=grown, waiting=9, pace=0.075, tps=500))  # fmt: skip
     assert off.reason == "headroom", "control.past_peak: null turns the guard off"

@@ -19,7 +19,7 @@ who owns the limit, checked in this order each tick:
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from batchlens.config import Control
 from batchlens.control.law import Peak, State, Tuning, decide
@@ -34,36 +34,36 @@ LIVE_REASONS = ("manual_hold", "breaker_open", "no_signal", "warming_up")
 class Steering:
     """What the controller keeps of an engine across ticks and restarts (the hook's store holds it)."""
 
-    limit: int | None = None  # the controller's limit; None until its first tick
-    hold_until: float = 0.0  # the law's drain pause
+    law: State | None = None  # the law's own state; None until the controller's first tick
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
-    # The rest of the law's State: its throughput peak, the ceiling it set, when the limit last moved.
-    peak: Peak | None = None
-    ceiling: int | None = None
-    ceiling_until: float = 0.0
-    since: float = 0.0
-    below: int = 0
 
-    def law_state(self, limit: int) -> State:
-        return State(limit, self.hold_until, self.peak, self.ceiling, self.ceiling_until, self.since, self.below)
+    @property
+    def limit(self) -> int | None:
+        """The controller's limit; None until its first tick."""
+        return None if self.law is None else self.law.limit
 
-    def with_law(self, law: State) -> Steering:
-        return replace(self, limit=law.limit, hold_until=law.hold_until, peak=law.peak, ceiling=law.ceiling,
-                       ceiling_until=law.ceiling_until, since=law.since, below=law.below)  # fmt: skip
+    def with_limit(self, limit: int) -> Steering:
+        return replace(self, law=State(limit) if self.law is None else replace(self.law, limit=limit))
 
     def to_dict(self) -> dict:
-        return {**{k: getattr(self, k) for k in _PLAIN}, "peak": None if self.peak is None else asdict(self.peak)}
+        """Flat, as the store has always held it: the law's fields beside the live ones."""
+        law = {} if self.law is None else {**asdict(self.law), "peak": self.law.peak and asdict(self.law.peak)}
+        return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until}
 
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
+        live = cls(seen_limit=data.get("seen_limit"), manual_until=data.get("manual_until", 0.0))
+        if data.get("limit") is None:
+            return live
         peak = data.get("peak")
         # A peak stored with the time it was last seen (older stores) loads without it.
         peak = None if peak is None else Peak(peak["batch"], peak["tokens_per_second"])
-        return cls(**{k: data[k] for k in _PLAIN if k in data}, peak=peak)
+        law = {k: data[k] for k in _LAW if k in data}
+        return replace(live, law=State(**law, peak=peak))
 
 
-_PLAIN = ("limit", "hold_until", "seen_limit", "manual_until", "ceiling", "ceiling_until", "since", "below")
+_LAW = tuple(f.name for f in fields(State) if f.name != "peak")
 
 
 @dataclass(frozen=True)
@@ -113,21 +113,21 @@ def steer(
     bounds = tuning(control, capacity)
     if state.limit is None:  # the first tick: from the configured start, or from where the engine is
         start = in_force if control.start_limit is None else control.start_limit
-        state = replace(state, limit=bounds.clamp(start))
+        state = state.with_limit(bounds.clamp(start))
     moved = state.seen_limit is not None and in_force != state.seen_limit
     state = replace(state, seen_limit=in_force)
     if moved and in_force not in set_by_batchlens:
-        held = replace(state, limit=in_force, manual_until=now + control.manual_hold_seconds)
+        held = replace(state.with_limit(in_force), manual_until=now + control.manual_hold_seconds)
         return Tick(held, "manual_hold", "manual")
     if now < state.manual_until:
-        return Tick(replace(state, limit=in_force), "manual_hold")
+        return Tick(state.with_limit(in_force), "manual_hold")
     event = "resumed" if state.manual_until else ""
     state = replace(state, manual_until=0.0)
     if breaker_open:
-        state = replace(state, limit=in_force)
+        state = state.with_limit(in_force)
     if signals is None:
         return Tick(state, "warming_up", event)
-    decision = decide(state.law_state(state.limit), signals, now, slo, bounds)
+    decision = decide(state.law, signals, now, slo, bounds)
     if breaker_open and decision.limit >= in_force:
         return Tick(state, "breaker_open", event)
-    return Tick(state.with_law(decision.state), decision.reason, event)
+    return Tick(replace(state, law=decision.state), decision.reason, event)
