@@ -6,25 +6,36 @@ in tests/test_control_live.py.
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchlens.control.admission import AdmissionSettings, Saturated, queued_token_cap, saturated, worth_setting
+from batchlens.control.admission import (
+    AdmissionSettings,
+    Saturated,
+    poisson_quantile,
+    queued_token_cap,
+    saturated,
+    spread,
+    worth_setting,
+)
 from batchlens.control.signals import EngineSample, Histogram, Window, read_sample, window
 
 SETTINGS = AdmissionSettings(ttft_seconds=2.0, margin=0.8, min_windows=3, stale_seconds=60.0)
 
 
-def sample(t: float, prompt_tokens: float, waiting: float) -> EngineSample:
+def sample(t: float, prompt_tokens: float, waiting: float, finished: float = 0) -> EngineSample:
     return EngineSample(t, running=8, waiting=waiting, kv_usage=0.5, generated_tokens=0, preemptions=0,
-                        ttft=Histogram(), itl=Histogram(), prompt_tokens=prompt_tokens)  # fmt: skip
+                        ttft=Histogram(), itl=Histogram(), prompt_tokens=prompt_tokens, finished=finished)  # fmt: skip
 
 
 def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str) -> None:
-    busy = window(sample(0, 1000, waiting=3), sample(2, 5000, waiting=3))
+    busy = window(sample(0, 1000, waiting=3), sample(2, 5000, waiting=3, finished=10))
     assert busy.prompt_tokens_per_second == 2000
-    assert saturated(busy, 2.0) == Saturated(2.0, 2000)
+    assert saturated(busy, 2.0) == Saturated(2.0, 2000, finished_per_second=5.0)
     assert saturated(window(sample(0, 1000, 0), sample(2, 5000, 0)), 2.0) is None  # the arrivals, not capacity
     assert saturated(window(sample(0, 1000, 3), sample(2, 1000, 3)), 2.0) is None  # waiting, nothing prefilled
     assert read_sample(vllm_exposition, 0).prompt_tokens > 0  # vLLM's own counter, vllm:prompt_tokens_total
@@ -61,16 +72,49 @@ def test_the_cap_is_ttft_times_the_median_prefill_rate_or_open(history, now, cap
     assert (decision.prefill_tokens_per_second is None) == (cap is None)
 
 
+@pytest.mark.parametrize(
+    ("finished_per_second", "wider"),
+    [(0.0, 1.0), (2.0, 8 / 4), (0.05, 1 / 0.1), (100.0, poisson_quantile(200, 0.95) / 200)],
+    ids=["none finished: the mean", "4 per TTFT", "one in ten TTFTs: one request's worth", "200 per TTFT"],
+)
+def test_the_cap_is_the_confidence_quantile_of_what_drains_within_a_ttft(finished_per_second, wider) -> None:
+    recent = [Saturated(90 + i, 2000, finished_per_second) for i in range(3)]
+    assert spread(recent, SETTINGS) == pytest.approx(wider * SETTINGS.margin)
+    assert queued_token_cap(recent, 100, SETTINGS).cap == int(2.0 * 2000 * wider * SETTINGS.margin)
+    assert 1.0 <= wider < 1.15 or finished_per_second < 100, "many finishes per TTFT: about the mean"
+
+
+@pytest.mark.parametrize("finishes", [0.5, 1.75, 4.0, 9.0, 40.0])
+def test_a_request_refused_at_the_cap_would_have_missed_its_ttft_with_the_doors_confidence(finishes) -> None:
+    """Random finishes, drawn: a request behind the quantile's worth of waiting requests needs one more finish
+    than that to start, and at most 5% of the draws give it within the TTFT (the door's own claim)."""
+    ahead, rng, draws = poisson_quantile(finishes, 0.95), random.Random(7), 20_000
+    in_time = 0
+    for _ in range(draws):
+        t, done = rng.expovariate(finishes), 0  # finishes per TTFT: time in TTFTs
+        while t <= 1.0:
+            done, t = done + 1, t + rng.expovariate(finishes)
+        in_time += done >= ahead + 1
+    assert in_time / draws <= 0.05 + 0.005
+    one_fewer = poisson_quantile(finishes, 0.95) - 1
+    assert one_fewer < 0 or 1 - sum(_poisson(finishes, n) for n in range(one_fewer + 1)) > 0.05, "the smallest such"
+
+
+def _poisson(mean: float, n: int) -> float:
+    return math.exp(-mean) * mean**n / math.factorial(n)
+
+
 @given(
-    st.lists(st.tuples(st.floats(0, 200), st.floats(0.001, 1e6)), max_size=30),
+    st.lists(st.tuples(st.floats(0, 200), st.floats(0.001, 1e6), st.floats(0, 1e3)), max_size=30),
     st.floats(0, 300),
 )
-def test_the_door_is_never_shut_and_never_wider_than_the_fastest_window_allows(windows, now) -> None:
-    history = [Saturated(at, rate) for at, rate in sorted(windows)]
+def test_the_door_is_never_shut_and_never_narrower_than_the_mean_drain(windows, now) -> None:
+    history = [Saturated(at, rate, finished) for at, rate, finished in sorted(windows)]
     decision = queued_token_cap(history, now, SETTINGS)
     if decision.cap is not None:
-        recent = [s.prefill_tokens_per_second for s in history if now - s.at <= SETTINGS.stale_seconds]
-        assert 1 <= decision.cap <= max(1, SETTINGS.ttft_seconds * max(recent) * SETTINGS.margin)
+        recent = [s for s in history if now - s.at <= SETTINGS.stale_seconds]
+        mean_cap = SETTINGS.ttft_seconds * decision.prefill_tokens_per_second * SETTINGS.margin
+        assert decision.cap >= 1 and decision.cap >= int(mean_cap)
         assert len(recent) >= SETTINGS.min_windows
     else:
         assert decision.reason in ("no_signal", "stale", "too_few_windows")

@@ -48,7 +48,8 @@ def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_the_breaker_
         samples = hook.samples()
         rate = one(samples, "batchlens_admission_prefill_tokens_per_second", vllm_instance="sim")
         assert one(samples, "batchlens_admission_cap_tokens", vllm_instance="sim") == capped
-        assert rate > 0 and 1 <= capped <= TTFT * rate  # TTFT x the prefill rate x a margin under 1
+        # At least what drains within a TTFT on average, widened by the randomness of the finishes.
+        assert rate > 0 and int(TTFT * rate) <= capped <= 4 * TTFT * rate
         eventually(lambda: scraped_sum(sim.url, "vllm:admission_rejections_total", reason="max_num_queued_tokens"),
                    timeout=20, what="the engine refusing requests past the cap")  # fmt: skip
         # P99 breaks on the queue while the door sheds: three firings past the cooldown would be two halvings

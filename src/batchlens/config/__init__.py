@@ -274,9 +274,15 @@ class Control(_Section):
     manual_hold_seconds: float = Field(600, ge=0, description="a limit set by hand pauses control this long")
     admission: bool = Field(
         False, description="also set the engine's queued-token cap from its measured prefill throughput: "
-        "slo.ttft_seconds x tokens/s x admission_margin (vLLM 0.29 and later; docs/admission.md)",
+        "wide enough that what it refuses would have missed slo.ttft_seconds (vLLM 0.29 and later, the plugin's "
+        "door before; docs/admission.md)",
     )  # fmt: skip
-    admission_margin: float = Field(0.8, gt=0, le=1, description="the share of the prefill rate the cap allows")
+    admission_confidence: float = Field(
+        0.95, gt=0, lt=1, description="how sure the door is that a request it refuses would have missed its TTFT"
+    )
+    admission_margin: float = Field(
+        1.0, gt=0, le=2, description="a multiple of the cap the confidence gives: under 1 refuses sooner"
+    )
     admission_min_windows: int = Field(3, ge=1, description="saturated windows before a cap is set; fewer: no cap")
     admission_stale_seconds: float = Field(
         60.0, gt=0, description="a saturated window older than this no longer counts; none left: no cap"

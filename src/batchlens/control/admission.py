@@ -3,13 +3,17 @@
 A request refused at the door in a millisecond is better than one admitted to wait out its TTFT behind a
 backlog that cannot drain in time. vLLM refuses a request once the prompts still in prefill add up to its
 ``max_num_queued_tokens``; set to ``slo.ttft × prefill tokens/s``, a request it admits can be prefilled
-within its TTFT (vLLM's own advice for that flag). This module computes that cap, tick by tick:
+within its TTFT on average (vLLM's own advice for that flag). This module computes that cap, tick by tick,
+wide enough that what the door refuses would have missed its TTFT (:func:`spread`):
 
 - Prefill throughput is read only from windows where requests were waiting. Then the engine prefills as
   fast as it admits, and the prompt tokens per second are the rate at which the queue drains. In a window
   with nothing waiting they are only the arrival rate, which says nothing of capacity.
 - The estimate is the median of the recent saturated windows, so one noisy window moves nothing.
-- ``margin`` (below 1) leaves room for the decode steps that share the engine with prefill.
+- The drain is not steady. A batch at its limit takes a waiting request in only as a running one finishes,
+  and finishes come at random: the cap is the ``confidence`` quantile of what drains within a TTFT, not its
+  mean, so that a request refused at the cap would have missed with that confidence (a false shed is one
+  that would have made it). ``margin`` scales it: under 1 refuses sooner, trading false sheds for goodput.
 - A cap within ``tolerance`` of the one in force is not set again: the estimate moves a little every tick.
 - The door fails open, never shut. With too few saturated windows, with data older than ``stale_seconds``,
   or when the engine does not answer, the cap is None (no cap), and the reason says why.
@@ -17,6 +21,7 @@ within its TTFT (vLLM's own advice for that flag). This module computes that cap
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +32,8 @@ from batchlens.control.signals import Window
 @dataclass(frozen=True)
 class AdmissionSettings:
     ttft_seconds: float  # the SLO's TTFT
-    margin: float = 0.8
+    margin: float = 1.0  # a multiple of the cap the confidence gives: under 1 sheds sooner, for more goodput
+    confidence: float = 0.95  # how sure the door is that a request it refuses would have missed its TTFT
     min_windows: int = 3  # saturated windows before the cap is set at all
     stale_seconds: float = 60.0  # a saturated window older than this no longer counts
     tolerance: float = 0.1  # a new cap within this share of the one in force is not worth a change
@@ -39,13 +45,25 @@ class Saturated:
 
     at: float
     prefill_tokens_per_second: float
+    finished_per_second: float = 0.0  # requests completed: each frees a slot for one that waits
 
 
 def saturated(window: Window, at: float) -> Saturated | None:
     """The window's prefill rate, where it measures the engine (requests waiting, and some prefill done)."""
     if window.waiting <= 0 or window.prompt_tokens_per_second <= 0:
         return None
-    return Saturated(at, window.prompt_tokens_per_second)
+    return Saturated(at, window.prompt_tokens_per_second, window.finished_per_second)
+
+
+def poisson_quantile(mean: float, p: float) -> int:
+    """The smallest n with P(N <= n) >= p for N ~ Poisson(mean)."""
+    n, term = 0, math.exp(-mean)
+    total = term
+    while total < p and n < 10 * mean + 100:  # the bound only guards a p of 1 against rounding
+        n += 1
+        term *= mean / n
+        total += term
+    return n
 
 
 @dataclass(frozen=True)
@@ -59,13 +77,28 @@ def queued_token_cap(history: Sequence[Saturated], now: float, settings: Admissi
     """The cap from the saturated windows seen so far (oldest first)."""
     if not history:
         return CapDecision(None, "no_signal", None)
-    recent = [s.prefill_tokens_per_second for s in history if now - s.at <= settings.stale_seconds]
+    recent = [s for s in history if now - s.at <= settings.stale_seconds]
     if not recent:
         return CapDecision(None, "stale", None)
     if len(recent) < settings.min_windows:
         return CapDecision(None, "too_few_windows", None)
-    rate = statistics.median(recent)
-    return CapDecision(max(1, int(settings.ttft_seconds * rate * settings.margin)), "estimated", rate)
+    rate = statistics.median(s.prefill_tokens_per_second for s in recent)
+    return CapDecision(max(1, int(settings.ttft_seconds * rate * spread(recent, settings))), "estimated", rate)
+
+
+def spread(recent: Sequence[Saturated], settings: AdmissionSettings) -> float:
+    """How many TTFTs of the mean drain rate the cap allows, so that a request refused at the cap would have
+    missed its TTFT with ``settings.confidence`` (times ``settings.margin``).
+
+    A batch at its limit takes a waiting request in only as a running one finishes. Finishes come about at
+    random, so within a TTFT they number Poisson(finished/s x TTFT), and the prompt tokens drained are that many
+    requests' worth: a request behind the confidence quantile of them would have waited too long, where one
+    behind the mean of them would have made it about half the time. The fewer finish within a TTFT, the wider
+    that quantile is than the mean. An engine that finished nothing while requests waited is held to the mean.
+    """
+    finishes = statistics.median(s.finished_per_second for s in recent) * settings.ttft_seconds
+    wider = poisson_quantile(finishes, settings.confidence) / finishes if finishes > 0 else 1.0
+    return max(wider, 1.0) * settings.margin
 
 
 def worth_setting(in_force: int | None, wanted: int | None, settings: AdmissionSettings) -> bool:

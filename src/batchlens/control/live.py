@@ -84,8 +84,8 @@ class Controller:
         self._on_decided = on_decided
         c = config.control
         self._admission = (
-            AdmissionSettings(config.slo.ttft_seconds, c.admission_margin, c.admission_min_windows,
-                              c.admission_stale_seconds)
+            AdmissionSettings(config.slo.ttft_seconds, c.admission_margin, c.admission_confidence,
+                              c.admission_min_windows, c.admission_stale_seconds)
             if c.admission else None
         )  # fmt: skip
         self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
