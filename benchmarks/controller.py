@@ -31,13 +31,13 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from batchlens.control.pid import Gains
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
 from batchlens.replay.policies import Adaptive, parse_policy
-from batchlens.replay.simulated import oracle, replay
+from batchlens.replay.simulated import Run, oracle, replay
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
@@ -103,12 +103,21 @@ def main() -> None:
 POLICIES = ("default", "breaker", "pid", "adaptive", "admit", "adaptive+admit")
 
 
-def policy(name: str):
+def policy(name: str, slo: Slo = SLO):
     if name == "breaker":
         return BreakerPolicy()
     if name == "pid":
-        return Adaptive(SLO, pid=Gains())
-    return parse_policy(name, SLO)
+        return Adaptive(slo, pid=Gains())
+    return parse_policy(name, slo)
+
+
+def versus_best(
+    trace: list[TraceRequest], make_engine: Callable[[], Engine], names: Sequence[str], slo: Slo = SLO
+) -> tuple[dict[str, Run], Run]:
+    """Each named policy's run on ``trace``, and the best static limit's (the oracle), on fresh engines."""
+    runs = {name: replay(trace, make_engine(), policy(name, slo), slo) for name in names}
+    best, _ = oracle(trace, make_engine, slo)
+    return runs, best
 
 
 def run_profile(profile: str, seconds: float, seed: int) -> tuple[dict[tuple[str, str], dict[str, float]], list[float]]:
@@ -127,8 +136,7 @@ def run_profile(profile: str, seconds: float, seed: int) -> tuple[dict[tuple[str
           f"{'adp+adm/best':>12} {'shed':>6} {'false':>6} {'wall s':>6}")  # fmt: skip
     for name, trace in workloads(seconds, seed, rate).items():
         started = time.perf_counter()
-        runs = {p: replay(trace, engine(), policy(p), SLO) for p in POLICIES}
-        best, _ = oracle(trace, engine, SLO)
+        runs, best = versus_best(trace, engine, POLICIES)
         best_rps = best.judgement.goodput_rps
         ratios[(profile, name)] = got = {p: ratio(r.judgement.goodput_rps, best_rps) for p, r in runs.items()}
         both = runs["adaptive+admit"]

@@ -20,12 +20,10 @@ import time
 from pathlib import Path
 
 from batchlens.goodput import Slo
-from batchlens.replay.policies import parse_policy
-from batchlens.replay.simulated import oracle, replay
 from batchlens.replay.traces import read_trace, select
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
-from controller import ratio
+from controller import ratio, versus_best
 
 SLO = Slo(2.0, 0.1)
 POLICIES = ("default", "adaptive", "adaptive+admit")
@@ -53,8 +51,7 @@ def main() -> None:
         started = time.perf_counter()
         trace = select(whole, start=args.start, duration=args.duration, rate_scale=scale)
         seconds = args.duration / scale
-        runs = {p: replay(trace, engine(), parse_policy(p, SLO), SLO) for p in POLICIES}
-        best, _ = oracle(trace, engine, SLO)
+        runs, best = versus_best(trace, engine, POLICIES, SLO)
         best_rps = best.judgement.goodput_rps
         both = runs["adaptive+admit"]
         false_share = (both.false_sheds or 0) / both.shed if both.shed else 0.0

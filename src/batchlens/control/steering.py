@@ -48,7 +48,7 @@ class Steering:
 
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
-        law = {} if self.law is None else {**asdict(self.law), "peak": self.law.peak and asdict(self.law.peak)}
+        law = {} if self.law is None else asdict(self.law)  # the peak too, as a dict
         return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until}
 
     @classmethod
