@@ -2,26 +2,30 @@
 # Check the NVML source against a real GPU: run it on a machine with an NVIDIA GPU, from the repo root.
 #
 #   scripts/gpu-check.sh [OUTDIR]        (OUTDIR defaults to $OUT, else ./gpu-check-out)
+#   GPU_CHECK_LOAD=copy scripts/gpu-check.sh OUTDIR
 #
 # It starts a stand-in engine (a process listening on a port, whose child runs a bf16
-# matmul loop on GPU 0 through PyTorch), starts the exporter with that engine, scrapes
+# matmul loop on GPU 0 through PyTorch, or with GPU_CHECK_LOAD=copy a device-to-device copy
+# loop, bound by memory bandwidth as decode is), starts the exporter with that engine, scrapes
 # /metrics twice 5 s apart while the loop runs, and checks that the values are plausible:
 # memory busy above 0 under load, a peak bandwidth near the data sheet's, the GPU mapped to
-# the engine through the process tree. It also runs `batchlens doctor` under that load. The
+# the engine through the process tree; under the copy load, the DRAM bandwidth ratio above the
+# article's 70% threshold (the alert's signal) and the bytes/s near what the copy moves. It also runs `batchlens doctor` under that load. The
 # scrapes, doctor's report and a summary land in OUTDIR; record them in docs/gpu-validation.md.
 #
 # Needs: python3 with torch (CUDA), nvidia-ml-py, aiohttp, click, psutil, prometheus-client,
-# PyYAML and pydantic. The package itself runs from src/ (no install). Wheels of a missing
-# package can be put in ./.whl (pip install --no-index --find-links .whl NAME).
+# PyYAML, pydantic and grafanalib. The package itself runs from src/ (no install). Wheels of the
+# missing packages can be put in ./.whl: all of them are installed (pip install --no-index --no-deps).
 set -euo pipefail
 
 OUTDIR=${1:-${OUT:-gpu-check-out}}
+export GPU_CHECK_LOAD=${GPU_CHECK_LOAD:-matmul}
 mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! "$PY" -c "import pydantic" 2>/dev/null && [ -d .whl ]; then
-    "$PY" -m pip install -q --no-index --find-links .whl pydantic
+if ! "$PY" -c "import pydantic, grafanalib" 2>/dev/null && [ -d .whl ]; then
+    "$PY" -m pip install -q --no-index --no-deps .whl/*.whl
 fi
 
 port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
@@ -32,14 +36,25 @@ EXPORTER_PORT=$(port)
 "$PY" - "$ENGINE_PORT" >"$OUTDIR/engine.log" 2>&1 <<'EOF' &
 import socket, subprocess, sys
 worker = r'''
-import time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.time() + 25
+import os, time, torch
+if os.environ["GPU_CHECK_LOAD"] == "copy":
+    a = torch.empty(1 << 32, device="cuda", dtype=torch.uint8)  # 4 GiB, far past the 60 MB L2
+    b = torch.empty_like(a)
+    step = lambda: b.copy_(a)
+else:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    step = lambda: a @ b
+t0 = time.time()
+end, said, moved = t0 + 25, False, 0
 while time.time() < end:
     for _ in range(20):
-        c = a @ b
+        step()
+        moved += 2 * a.numel() * a.element_size()
     torch.cuda.synchronize()
+    if not said and time.time() > t0 + 6 and os.environ["GPU_CHECK_LOAD"] == "copy":  # before the scrapes are read
+        print(f"copy load: {moved / (time.time() - t0) / 1e12:.2f} TB/s read and written", flush=True)
+        said = True
 '''
 child = subprocess.Popen([sys.executable, "-c", worker])
 s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
@@ -62,12 +77,16 @@ curl -sf "http://127.0.0.1:$EXPORTER_PORT/metrics" >"$OUTDIR/scrape2.prom"
 kill $EXPORTER_PID $ENGINE_PID 2>/dev/null || true
 wait $EXPORTER_PID 2>/dev/null || true
 
+# The tick's cost on the real driver, against the bare NVML calls (benchmarks/nvml.py --real).
+"$PY" benchmarks/nvml.py --real --budget 3 >"$OUTDIR/tick-cost.txt" 2>&1 || true
+
 "$PY" - "$OUTDIR" <<'EOF' | tee "$OUTDIR/summary.txt"
-import datetime, pathlib, sys
+import datetime, os, pathlib, sys
 from prometheus_client.parser import text_string_to_metric_families
 
 out = pathlib.Path(sys.argv[1])
-print("gpu-check", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+print("gpu-check", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "load", os.environ["GPU_CHECK_LOAD"])
+print((out / "engine.log").read_text().rstrip())
 failures = []
 for name in ("scrape1.prom", "scrape2.prom"):
     samples = [s for f in text_string_to_metric_families((out / name).read_text()) for s in f.samples]
@@ -85,6 +104,9 @@ for name in ("scrape1.prom", "scrape2.prom"):
         "GPM DRAM bandwidth ratio present (Hopper)": "batchlens_gpu_dram_bandwidth_ratio" in by_name,
         "GPU 0 mapped to the engine": by_name.get("batchlens_gpu_sm_busy_ratio") is not None and by_name["batchlens_gpu_sm_busy_ratio"].labels.get("vllm_instance") == "gpu-check",
     }
+    dram = by_name.get("batchlens_gpu_dram_bandwidth_ratio")
+    if os.environ["GPU_CHECK_LOAD"] == "copy":
+        checks["DRAM bandwidth above the 70% threshold under a copy"] = dram is not None and dram.value > 0.7
     peak = by_name.get("batchlens_gpu_memory_bandwidth_peak_bytes_per_second")
     if peak is not None and "H200" in peak.labels.get("gpu_name", ""):
         checks["peak within 10% of 4.8 TB/s (H200)"] = abs(peak.value - 4.8e12) <= 0.48e12
@@ -92,6 +114,9 @@ for name in ("scrape1.prom", "scrape2.prom"):
         print(("ok   " if ok else "FAIL ") + what)
         if not ok:
             failures.append(f"{name}: {what}")
+if (out / "tick-cost.txt").exists():
+    print("--- the NVML tick's cost on this driver (benchmarks/nvml.py --real)")
+    print((out / "tick-cost.txt").read_text().rstrip())
 if (out / "doctor.txt").exists():
     print("--- batchlens doctor under load")
     print((out / "doctor.txt").read_text().rstrip())
