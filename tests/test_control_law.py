@@ -18,7 +18,8 @@ from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from batchlens.config import Control
-from batchlens.control.law import Peak, State, Tuning, decide, decode_pace
+from batchlens.control.capacity import Capacity, Demand, PaceSlope
+from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
 from batchlens.control.steering import Steering, bounds_said, steer, tuning
@@ -145,6 +146,19 @@ def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages
     assert (back.limit, back.reason) == (24, "past_peak"), "down to the peak's batch, one max_step at a time"
 
 
+def capacity_of(short: bool, limits=(30, 35, 40, 45, 50) * 4) -> Capacity:
+    """A capacity model learned on a pace of 10 ms + 20 us x batch² (slope 1.5 at 40, 0.26 at 10), KV usage in
+    proportion to the batch, and a demand twice what is served (``short``) or half of it."""
+    slope = PaceSlope()
+    for limit in limits:
+        slope = slope.observe(limit, 0.01 + 2e-5 * limit**2, 0.005 * limit)
+    asked = 2000 if short else 500
+    return Capacity(slope, Demand().observe(60, arrived=asked * 60 / 100, finished=10 * 60, tokens=1000 * 60))
+
+
+CAPACITIES = (None, capacity_of(True), capacity_of(True, (8, 10, 12, 14) * 5), capacity_of(False))
+
+
 @st.composite
 def situations(draw) -> tuple[State, Window, float]:
     """A state and a window the law can meet, drawn so that every branch is reached (test_every_branch...): the
@@ -154,14 +168,26 @@ def situations(draw) -> tuple[State, Window, float]:
     since = now - draw(st.floats(0, 30))
     peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4))))
     ceiling = draw(st.one_of(st.none(), st.integers(2, 64)))
-    state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)))
+    state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)),
+                  draw(st.sampled_from(CAPACITIES)), now - draw(st.floats(0, 60)))  # fmt: skip
     pace = draw(st.one_of(st.none(), st.floats(0.001, 0.3)))
     win = w(running=draw(st.integers(0, 100)), waiting=draw(st.integers(0, 100)), kv=draw(st.floats(0, 1)),
             pace=pace, tps=draw(st.floats(0, 1e4)))  # fmt: skip
     return state, win, now
 
 
-REASONS = ("drain", "pace_over", "kv_ceiling", "idle", "app_limited", "past_peak", "slow_start", "headroom", "steady")
+REASONS = (
+    "drain",
+    "pace_over",
+    "kv_ceiling",
+    "idle",
+    "app_limited",
+    "keep_up",
+    "past_peak",
+    "slow_start",
+    "headroom",
+    "steady",
+)
 
 
 @pytest.mark.parametrize("reason", REASONS)
@@ -185,8 +211,8 @@ def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
     if not math.isnan(pace) and pace > SLO.tpot_seconds:
         assert new <= limit, "never up while the pace breaks the SLO"
     match decision.reason:
-        case "drain":
-            assert decision.state == state and now < state.hold_until
+        case "drain":  # the capacity model learns from every window; the rest stands
+            assert replace(decision.state, capacity=state.capacity) == state and now < state.hold_until
         case "pace_over":
             cut = min(max(SLO.tpot_seconds / pace, 0.5), 0.9)
             assert pace > SLO.tpot_seconds and new == max(math.floor(limit * cut), limit - step, TUNING.min_limit)
@@ -194,6 +220,10 @@ def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
         case "kv_ceiling":
             assert win.kv_usage > TUNING.kv_target and (new < limit or limit == TUNING.min_limit)
             assert new == max(math.floor(win.running * TUNING.kv_target / win.kv_usage), limit - step, TUNING.min_limit)
+        case "keep_up":
+            assert win.waiting > 0 and state.capacity is not None and state.capacity.short(TUNING.keep_up)
+            assert new == max(math.floor(limit * KEEP_UP_CUT), limit - step, TUNING.min_limit) and new <= limit
+            assert decision.state.stepped == now and (new == limit or decision.state.hold_until > now)
         case "past_peak":
             peak = decision.state.peak
             assert new == max(math.ceil(peak.batch), limit - step, TUNING.min_limit) and new <= limit

@@ -228,7 +228,7 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
     print(f"adaptive {adaptive['goodput_rps']:.3f}/s, {adaptive['limit_changes']} changes, ends at "
           f"{adaptive['final_limit']}")  # fmt: skip
     assert adaptive["limit_changes"] > 0 and adaptive["goodput_rps"] >= 1.5 * default["goodput_rps"], adaptive
-    cuts = {r: n for r, n in adaptive["decisions"].items() if r in ("pace_over", "past_peak", "kv_ceiling")}
+    cuts = {r: n for r, n in adaptive["decisions"].items() if r in ("pace_over", "keep_up", "past_peak", "kv_ceiling")}
     assert cuts and default["decisions"] is None, adaptive["decisions"]
     assert adaptive["goodput_rps"] >= policies["breaker"]["goodput_rps"], "never worse than today's breaker"
     rows = list(csv.DictReader((tmp_path / "out" / "replay.csv").open()))

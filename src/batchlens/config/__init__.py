@@ -271,6 +271,9 @@ class Control(_Section):
                                  "drains to the new limit (the hold ends once it has)")  # fmt: skip
     past_peak: float | None = Field(0.85, gt=0, le=1, description="a larger limit serving under this share of the "
                                     "peak's tokens/s goes back to the peak's limit; null: never")  # fmt: skip
+    keep_up: float | None = Field(1.15, ge=1, le=3, description="serving under this multiple of the tokens/s "
+                                  "asked is falling short: then, where the pace grows faster than the batch, "
+                                  "the limit steps down toward the throughput peak; null: never")  # fmt: skip
     manual_hold_seconds: float = Field(600, ge=0, description="a limit set by hand pauses control this long")
     admission: bool = Field(
         False, description="also set the engine's queued-token cap from its measured prefill throughput: "

@@ -19,7 +19,15 @@ baseline. Each tick, in this order:
 4. **App-limited.** Fewer than half the limit run and nothing waits: the limit
    is not what binds, so it does not move (it would otherwise creep upward
    with nobody to test it).
-5. **Past the throughput peak.** The law remembers the most tokens/s any
+5. **Keep up.** The law learns, as it runs, the slope of the decode pace in
+   the batch (control/capacity.py) and what is asked of the engine against
+   what it serves. While it serves under ``keep_up`` x what is asked, and
+   the pace grows faster than the batch (a slope over KEEP_UP_SLOPE: past the
+   throughput peak, and far enough that the burst room a bigger batch gives
+   is not worth it), the limit steps down x0.85 and does not grow. This finds
+   the peak where tokens/s alone cannot: near capacity it falls too slowly
+   past the peak for 2 s windows to show through their noise.
+6. **Past the throughput peak.** The law remembers the most tokens/s any
    window showed and the batch that made them (tokens/s x the mean gap),
    averaged when that batch is seen again (so a change of mix corrects it).
    When, twice in a row and after the batch settled, a batch over 10% larger
@@ -30,7 +38,7 @@ baseline. Each tick, in this order:
    SLO while each step of growth lengthens the queue: only tokens/s shows it.
    A flat throughput is not a fall: under overload a bigger batch still
    admits more requests within their TTFT.
-6. **Headroom.** Requests wait behind a full batch and the pace has room under
+7. **Headroom.** Requests wait behind a full batch and the pace has room under
    the SLO: far below it, double (slow start, bounded by ``max_step``); nearer,
    add sqrt(limit) (slow increase, Envoy's headroom). On an engine that has
    shown a fall, growth is always the slow kind, and waits for a settled
@@ -53,6 +61,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from batchlens.control.capacity import Capacity
 from batchlens.control.signals import Window
 from batchlens.goodput import Slo
 
@@ -70,6 +79,9 @@ class Tuning:
     past_peak: float | None = 0.85  # saturated tokens/s under this share of the peak's, above it: back to it
     peak_seconds: float = 60.0  # after a fall, no growth back to the limit that fell for this long
     settle_seconds: float = 2.0  # tokens/s is judged on windows that start this long after the limit moved
+    keep_up: float | None = 1.15  # serving under this x the tokens/s asked is falling short; None: not judged
+    slope_seconds: float = 120.0  # the pace's slope forgets a window this old by a factor e
+    demand_seconds: float = 60.0  # likewise the demand's average
 
     def clamp(self, limit: int) -> int:
         """``limit`` within min_limit..max_limit."""
@@ -80,6 +92,12 @@ class Tuning:
             raise ValueError(f"need 1 <= min_limit <= max_limit, got {self.min_limit} and {self.max_limit}")
 
 
+# Past the peak by this much (tokens/s ~ batch^(1 - slope): 10% more batch, 1% fewer tokens/s): a batch a little
+# past the peak costs little throughput and takes in more of a burst.
+KEEP_UP_SLOPE = 1.1
+KEEP_UP_CUT = 0.85  # a keep_up step: small, since the slope is learned where the law has been
+KEEP_UP_DWELL = 10.0  # seconds at a limit before the next keep_up step
+KEEP_UP_PROBE = 30.0  # ... where the slope is over KEEP_UP_SLOPE but not surely, or unknown: since the last step
 PEAK_BATCH_SPAN = 1.1  # batches within 10% of the peak's are the peak's; a fall needs a batch 10% larger
 
 
@@ -103,12 +121,14 @@ class State:
     ceiling_until: float = 0.0
     since: float = 0.0  # when the limit last moved
     below: int = 0  # settled saturated windows in a row under past_peak x the peak's rate
+    capacity: Capacity | None = None  # the pace's slope and the demand (control/capacity.py); None until a window
+    stepped: float = 0.0  # when keep_up last stepped down
 
 
 @dataclass(frozen=True)
 class Decision:
     state: State
-    reason: str  # drain, pace_over, kv_ceiling, idle, app_limited, past_peak, slow_start, headroom or steady
+    reason: str  # drain, pace_over, kv_ceiling, idle, app_limited, keep_up, past_peak, slow_start, headroom, steady
 
     @property
     def limit(self) -> int:
@@ -117,6 +137,13 @@ class Decision:
 
 def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Decision:
     limit = state.limit
+    # The batch that made the window's tokens: tokens/s x the mean gap between them (each request in decode
+    # gives one token a step). The running gauge is the batch at the window's end, not during it.
+    batch = w.tokens_per_second * w.itl.mean if w.itl.count > 0 else math.nan
+    # Only a window that starts after the batch settled shows what a limit serves: requests just let in are
+    # still in prefill and give no tokens yet.
+    settled = now - w.seconds >= state.since + tuning.settle_seconds
+    state = _learn(state, w, settled, tuning)
     if now < state.hold_until and w.running > limit:
         return Decision(state, "drain")
     pace = decode_pace(w, tuning)
@@ -127,13 +154,11 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         ceiling = math.floor(w.running * tuning.kv_target / w.kv_usage)
         if ceiling < limit:
             return _move(state, ceiling, now + tuning.drain_seconds, "kv_ceiling", tuning, now)
-    # The batch that made the window's tokens: tokens/s x the mean gap between them (each request in decode
-    # gives one token a step). The running gauge is the batch at the window's end, not during it.
-    batch = w.tokens_per_second * w.itl.mean if w.itl.count > 0 else math.nan
-    # Only a window that starts after the batch settled shows what a limit serves: requests just let in are
-    # still in prefill and give no tokens yet.
-    settled = now - w.seconds >= state.since + tuning.settle_seconds
     saturated = w.waiting > 0 and w.running >= 0.9 * limit
+    step, past = _keep_up(state, pace, settled, now - w.seconds - state.since, now, slo, tuning)
+    if saturated and step:
+        state = replace(state, stepped=now)
+        return _move(state, math.floor(limit * KEEP_UP_CUT), now + tuning.drain_seconds, "keep_up", tuning, now)
     if tuning.past_peak is not None and batch >= 1:
         state = _remember_peak(state, batch, w.tokens_per_second)
         peak = state.peak
@@ -153,6 +178,8 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             return Decision(state, "steady")  # once may be noise: no growth until the next window says
     if w.waiting == 0 and w.running < limit / 2:
         return Decision(state, "idle" if w.running == 0 else "app_limited")
+    if saturated and past:
+        return Decision(state, "steady")  # growth would serve fewer tokens/s, and they fall short already
     if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
         # Far below the SLO (slow start): double; near it, or on an engine that has shown a throughput
         # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds.
@@ -165,6 +192,42 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             target = max(limit, min(target, state.ceiling - 1))
         return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning, now)
     return Decision(state, "steady")
+
+
+def _keep_up(state: State, pace: float, settled: bool, dwelt: float, now: float, slo: Slo,
+             tuning: Tuning) -> tuple[bool, bool]:  # fmt: skip
+    """(step down now, no growth): falling short of what is asked (control/capacity.py), is a smaller batch
+    faster? Sure that the pace's slope is over KEEP_UP_SLOPE here, a step once the last step's limit has run
+    KEEP_UP_DWELL; over it but unsure, or with no slope at all while the pace stops growth, a step every
+    KEEP_UP_PROBE all the same: holding still on one limit, the slope learns nothing, and the queue grows.
+    ``dwelt``: how long the window ran at this limit."""
+    capacity = state.capacity
+    if tuning.keep_up is None or capacity is None or not capacity.short(tuning.keep_up):
+        return False, False
+    slope = capacity.slope.elasticity(state.limit)
+    past = slope is not None and slope[0] > KEEP_UP_SLOPE
+    if slope is not None and slope[0] - slope[1] > KEEP_UP_SLOPE:
+        return dwelt >= KEEP_UP_DWELL, True
+    bound = not math.isnan(pace) and pace >= tuning.headroom * slo.tpot_seconds
+    return (past or (slope is None and bound)) and settled and now - state.stepped >= KEEP_UP_PROBE, past
+
+
+def _learn(state: State, w: Window, settled: bool, tuning: Tuning) -> State:
+    """The capacity model, aged by the window and fed it: demand always; the pace at the limit when a queue
+    stood behind a full batch (prefill then runs at its steady share of each step) that had settled.
+
+    The limit, not the batch inferred from tokens/s: that estimate is noisy, and least squares on a noisy
+    regressor flattens the slope (regression dilution), which puts the fitted peak too far out."""
+    if tuning.keep_up is None:
+        return state
+    capacity = (state.capacity or Capacity()).aged(w.seconds, tuning.slope_seconds, tuning.demand_seconds)
+    demand = capacity.demand.observe(w.seconds, w.arrived_per_second * w.seconds,
+                                     w.finished_per_second * w.seconds, w.tokens_per_second * w.seconds)  # fmt: skip
+    slope = capacity.slope
+    full = 0.9 * state.limit <= w.running <= state.limit  # over it, the old batch still drains: not this limit's
+    if settled and full and w.waiting > 0 and w.itl.count > 0 and w.itl.mean > 0:
+        slope = slope.observe(state.limit, w.itl.mean, w.kv_usage)
+    return replace(state, capacity=Capacity(slope, demand))
 
 
 def _remember_peak(state: State, batch: float, tokens_per_second: float) -> State:

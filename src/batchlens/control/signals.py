@@ -138,6 +138,7 @@ class Window:
     finished_per_second: float = 0.0
     prompt_tokens_per_second: float = 0.0  # prefilled; with requests waiting, the rate the queue drains at
     rejected_per_second: float = 0.0  # refused at the door
+    arrived_per_second: float = 0.0  # finished + refused + the change in running and waiting: what was asked
 
     @property
     def shed_share(self) -> float:
@@ -171,4 +172,6 @@ def window(earlier: EngineSample, later: EngineSample) -> Window:
         finished_per_second=max(later.finished - earlier.finished, 0.0) / seconds,
         prompt_tokens_per_second=max(later.prompt_tokens - earlier.prompt_tokens, 0.0) / seconds,
         rejected_per_second=max(later.rejected - earlier.rejected, 0.0) / seconds,
+        arrived_per_second=max(later.finished - earlier.finished + later.rejected - earlier.rejected
+                               + later.running + later.waiting - earlier.running - earlier.waiting, 0.0) / seconds,
     )  # fmt: skip

@@ -22,6 +22,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields, replace
 
 from batchlens.config import Control
+from batchlens.control.capacity import Capacity
 from batchlens.control.law import Peak, State, Tuning, decide
 from batchlens.control.signals import Window
 from batchlens.goodput import Slo
@@ -48,7 +49,7 @@ class Steering:
 
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
-        law = {} if self.law is None else asdict(self.law)  # the peak too, as a dict
+        law = {} if self.law is None else asdict(self.law)  # the peak and the capacity model too, as dicts
         return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until}
 
     @classmethod
@@ -59,11 +60,14 @@ class Steering:
         peak = data.get("peak")
         # A peak stored with the time it was last seen (older stores) loads without it.
         peak = None if peak is None else Peak(peak["batch"], peak["tokens_per_second"])
+        capacity = data.get("capacity")
+        # A store from before the capacity model loads without one: it is learned again in a few windows.
+        capacity = None if capacity is None else Capacity.from_dict(capacity)
         law = {k: data[k] for k in _LAW if k in data}
-        return replace(live, law=State(**law, peak=peak))
+        return replace(live, law=State(**law, peak=peak, capacity=capacity))
 
 
-_LAW = tuple(f.name for f in fields(State) if f.name != "peak")
+_LAW = tuple(f.name for f in fields(State) if f.name not in ("peak", "capacity"))
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ def tuning(control: Control, capacity: int) -> Tuning:
     return Tuning(
         min_limit=min(control.min_limit, top), max_limit=top, kv_target=control.kv_target,
         drain_seconds=control.drain_seconds, max_step=control.max_step, past_peak=control.past_peak,
+        keep_up=control.keep_up,
     )  # fmt: skip
 
 

@@ -78,8 +78,9 @@ def breaker(thresholds: Thresholds) -> dict:
                                  f"{{{INSTANCE}}}[$__rate_interval]))", "{{reason}}"),
                                 drawStyle="bars",
                                 description="What each tick decided: headroom and slow_start grow; pace_over, "
-                                            "kv_ceiling and past_peak cut; drain waits after a cut; manual_hold, "
-                                            "breaker_open and no_signal mean control is paused (docs/control.md)."),
+                                            "kv_ceiling, keep_up and past_peak cut; drain waits after a cut; "
+                                            "manual_hold, breaker_open and no_signal mean control is paused "
+                                            "(docs/control.md)."),
                      8),
                 ],
             ),
