@@ -77,6 +77,11 @@ PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no t
         # the pace over the SLO: cut by the ratio, at least x0.5, and drain
         (State(32), w(running=32, pace=0.15), 100, 21, "pace_over"),  # the mean gap 0.15: x 0.1 / 0.15
         (State(32), w(running=32, pace=0.5), 100, 16, "pace_over"),
+        # ... but not on the first window after growth (the limit grew at 99): its newcomers' prefills stall
+        # the steps, a passing cost; the window after is judged
+        (State(32, since=99), w(running=32, waiting=9, pace=0.4), 100, 32, "steady"),
+        (State(32, since=99), w(running=32, waiting=9, pace=0.4), 104, 16, "pace_over"),
+        (State(32, since=99, hold_until=129), w(running=32, pace=0.4), 100, 16, "pace_over"),  # after a cut: no
         # draining: judge nothing until hold_until
         (State(16, hold_until=105), w(running=30, pace=0.5), 103, 16, "drain"),
         (State(16, hold_until=105), w(running=16, waiting=9, pace=0.05), 106, 20, "headroom"),

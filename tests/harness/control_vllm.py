@@ -41,7 +41,7 @@ SECONDS, RATE = 60, 10.0
 TTFT, TPOT = 0.5, 0.04
 SLO = ("--slo-ttft", str(TTFT), "--slo-tpot", str(TPOT))
 #: The controller's decisions that change a limit (steady and idle ticks do not).
-MOVING = {"pace_over", "kv_ceiling", "past_peak", "slow_start", "headroom"}
+MOVING = {"pace_over", "kv_ceiling", "keep_up", "past_peak", "slow_start", "headroom"}
 
 
 @dataclass

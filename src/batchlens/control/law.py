@@ -13,7 +13,11 @@ baseline. Each tick, in this order:
    once cut 57 -> 29 -> 15 with 57, then 56, still running after a fixed 5 s).
 2. **Too slow per token.** The decode pace (ITL, the TPOT of the requests in
    flight) is over the SLO: cut the limit by the ratio of the SLO to the pace,
-   between x0.5 and x0.9 (fast decrease), and drain.
+   between x0.5 and x0.9 (fast decrease), and drain. Not on the first window
+   after growth: the requests it let in are prefilling, their prompts stall
+   every step for a moment, and a cut then undoes the growth for a transient
+   (on the published profile's ramp the law swung 96 <-> 192 on it, 0.91 of
+   the best static limit; judged a window later, 0.95).
 3. **KV ceiling.** KV usage above ``kv_target`` means preemptions are near:
    the limit comes down to running x kv_target / KV usage.
 4. **App-limited.** Fewer than half the limit run and nothing waits: the limit
@@ -148,6 +152,10 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         return Decision(state, "drain")
     pace = decode_pace(w, tuning)
     if not math.isnan(pace) and pace > slo.tpot_seconds:
+        if not settled and state.hold_until < state.since:
+            # The first window after growth: the requests it let in are prefilling, and their prompts stall
+            # every decode step. That is the growth's passing cost, not this limit's pace: judge the next one.
+            return Decision(state, "steady")
         cut = min(max(slo.tpot_seconds / pace, 0.5), 0.9)
         return _move(state, math.floor(limit * cut), now + tuning.drain_seconds, "pace_over", tuning, now)
     if w.kv_usage > tuning.kv_target and w.running > 0:
