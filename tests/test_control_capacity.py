@@ -8,6 +8,7 @@ proportion to the batch and noise from a seeded Random.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import replace
 from random import Random
@@ -110,6 +111,8 @@ def test_keep_up_case_by_case(state: State, win, limit: int, reason: str) -> Non
     assert (decision.limit, decision.reason) == (limit, reason)
     if reason == "keep_up":
         assert limit == math.floor(state.limit * KEEP_UP_CUT) and decision.state.hold_until == 100 + 5.0
+        said = decision.state.capacity.said(state.limit)  # the log line's facts
+        assert re.fullmatch(r"serving 99\d of 19\d\d tokens/s asked, pace slope 1\.\d\d ± 0\.\d\d at 40", said), said
 
 
 def cliff(limit: int, rng: Random, asked: float = 1500.0):

@@ -161,6 +161,13 @@ class Capacity:
         asked, served = self.demand.asked(), self.demand.served()
         return not math.isnan(asked) and served < margin * asked
 
+    def said(self, limit: int) -> str:
+        """What the law saw, for the log line of a keep_up step."""
+        slope = self.slope.elasticity(limit)
+        slope_said = "unknown" if slope is None else f"{slope[0]:.2f} ± {slope[1]:.2f}"
+        return (f"serving {self.demand.served():.0f} of {self.demand.asked():.0f} tokens/s asked, "
+                f"pace slope {slope_said} at {limit}")  # fmt: skip
+
     @classmethod
     def from_dict(cls, data: dict) -> Capacity:
         slope = data["slope"]

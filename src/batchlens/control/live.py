@@ -262,6 +262,9 @@ class Controller:
                 f"{signals.running:.0f} running, {signals.waiting:.0f} waiting, KV {signals.kv_usage:.0%}"
             )
         )
+        capacity = tick.state.law.capacity if tick.state.law is not None else None
+        if tick.reason == "keep_up" and capacity is not None and before.limit is not None:
+            facts += "; " + capacity.said(before.limit)
         moved = f"starts at {tick.state.limit}" if before.limit is None else f"{before.limit} -> {tick.state.limit}"
         log.info("%s: limit %s (%s%s)%s", name, moved, tick.reason, facts,
                  " (dry run)" if self.control.dry_run else "")  # fmt: skip
