@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from batchlens.control.pid import Gains
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
-from batchlens.replay.policies import Adaptive, parse_policy
+from batchlens.replay.policies import Adaptive, Policy, parse_policy
 from batchlens.replay.simulated import Run, oracle, replay
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine
@@ -112,10 +112,11 @@ def policy(name: str, slo: Slo = SLO):
 
 
 def versus_best(
-    trace: list[TraceRequest], make_engine: Callable[[], Engine], names: Sequence[str], slo: Slo = SLO
-) -> tuple[dict[str, Run], Run]:
+    trace: list[TraceRequest], make_engine: Callable[[], Engine], names: Sequence[str], slo: Slo = SLO,
+    make_policy: Callable[[str, Slo], Policy] = policy,
+) -> tuple[dict[str, Run], Run]:  # fmt: skip
     """Each named policy's run on ``trace``, and the best static limit's (the oracle), on fresh engines."""
-    runs = {name: replay(trace, make_engine(), policy(name, slo), slo) for name in names}
+    runs = {name: replay(trace, make_engine(), make_policy(name, slo), slo) for name in names}
     best, _ = oracle(trace, make_engine, slo)
     return runs, best
 

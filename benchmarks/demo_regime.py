@@ -8,7 +8,9 @@ output tokens. Live, that engine took 2.9-3 requests/s within the SLO (TTFT 0.5 
 controller settled past the throughput peak and the breaker cold-started the limit at 1; in simulated time
 every request can still be good at 3.0, and the cliff comes at 3.25-3.5. This replays the demo's own load
 plan (batchlens.load.plan, the same seed) at those rates, without the periodic overload phase, under
-`default`, `breaker`, `adaptive`, `admit` and `adaptive+admit`, beside the best static limit
+`default`, `breaker`, `adaptive`, `admit` and `adaptive+admit`, beside the best static limit. The controller
+starts where it does in the demo, at the limit in force (64, the engine's max_num_seqs), not at the eighth
+of the capacity a replay starts from by default
 (batchlens.replay.simulated.oracle). It prints goodput, the ceiling (every request good), the ratios to the
 best static limit and the share shed. The last lines are `adaptive/best_static min X` and
 `adaptive+admit/best_static min Y` over the rates.
@@ -19,11 +21,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from batchlens.control.law import Tuning
+from batchlens.goodput import Slo
 from batchlens.load.plan import LoadSpec, plan
+from batchlens.replay.policies import Adaptive, Admitting, Policy
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
-from controller import ratio, versus_best
+from controller import policy, ratio, versus_best
 
 POLICIES = ("default", "breaker", "adaptive", "admit", "adaptive+admit")
 MAX_NUM_SEQS = 64  # the demo's engine (batchlens demo --max-num-seqs)
@@ -38,6 +43,16 @@ def demo_trace(rate: float, seconds: float, seed: int) -> list[TraceRequest]:
 
 def engine() -> Engine:
     return Engine(GPUS["a100-80g"], MODELS["dense-7b"], max_num_seqs=MAX_NUM_SEQS)
+
+
+def demo_policy(name: str, slo: Slo) -> Policy:
+    """The policy as the demo runs it: the controller starts from the limit in force, the engine's capacity."""
+    live = Tuning(max_limit=MAX_NUM_SEQS, start_limit=MAX_NUM_SEQS)
+    if name == "adaptive":
+        return Adaptive(slo, live)
+    if name == "adaptive+admit":
+        return Admitting(slo, Adaptive(slo, live))
+    return policy(name, slo)
 
 
 def main() -> None:
@@ -56,7 +71,7 @@ def main() -> None:
     for rate in args.rate or list(RATES):
         started = time.perf_counter()
         trace = demo_trace(rate, args.seconds, args.seed)
-        runs, best = versus_best(trace, engine, POLICIES)
+        runs, best = versus_best(trace, engine, POLICIES, make_policy=demo_policy)
         best_rps = best.judgement.goodput_rps
         adaptive.append(ratio(runs["adaptive"].judgement.goodput_rps, best_rps))
         both.append(ratio(runs["adaptive+admit"].judgement.goodput_rps, best_rps))
