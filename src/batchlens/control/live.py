@@ -165,10 +165,11 @@ class Controller:
             capacity=batch.max_num_seqs,
         )  # fmt: skip
         self.decisions[(name, result.reason)] += 1
+        # In force in memory before the log says so: a scrape between the two must not miss the target.
+        self.states[name] = result.state
         self._report(name, before, result, signals, batch.max_num_active_seqs)
         if result.state != before:
             await self.store.run(self.store.save_control, name, result.state, now)
-            self.states[name] = result.state
         if self._admission is not None:
             await self._admit(name, signals, now)
 
