@@ -357,6 +357,9 @@ def test_live_steering_keeps_the_laws_peak_across_ticks_and_through_the_store() 
     assert (state.limit, state.law.ceiling) == (32, grown)
     assert Steering.from_dict(json.loads(json.dumps(state.to_dict()))) == state, "kill -9 keeps it"
     assert Steering.from_dict({"limit": 8}) == Steering(State(8)), "a state stored before the peak still loads"
+    short_sums = {"slope": {"gram": [1.0], "xv": [0.0] * 4, "vv": 0.0}, "demand": {}}
+    for broken in (None, {"slope": {"gram": [1.0]}}, {"demand": {}}, "junk", short_sums):
+        assert Steering.from_dict({"limit": 8, "capacity": broken}) == Steering(State(8)), broken
     stored = {"limit": 8, "peak": {"batch": 16, "tokens_per_second": 500.0, "at": 3.0}}  # with the peak's old clock
     assert Steering.from_dict(stored).law.peak == Peak(16, 500.0)
     unguarded = replace(state, law=replace(state.law, limit=grown, below=1, hold_until=0, ceiling=None))

@@ -10,8 +10,9 @@ the demo's engine a batch of 40 serves only 10-15% fewer tokens/s than one of
 20, too little for 2 s windows of tokens/s to show through their noise, and
 enough for the queue to grow without bound (benchmarks/demo_regime.py). The
 pace, the mean of hundreds of gaps, is steadier: :class:`PaceSlope` is least
-squares of ln(pace) on ln(limit) and the KV usage over the saturated windows
-seen, old ones forgotten, and gives the elasticity where the law has been.
+squares of ln(pace) on ln(limit), its square and the KV usage over the
+saturated windows seen, old ones forgotten, and gives the elasticity where the
+law has been.
 
 :class:`Demand` is what is asked of the engine in tokens/s, against what it
 served: requests arriving (finished, refused at the door, and the change in
@@ -170,5 +171,10 @@ class Capacity:
 
     @classmethod
     def from_dict(cls, data: dict) -> Capacity:
+        """As :func:`dataclasses.asdict` wrote it; ValueError, KeyError or TypeError where it is not that."""
         slope = data["slope"]
-        return cls(PaceSlope(tuple(slope["gram"]), tuple(slope["xv"]), slope["vv"]), Demand(**data["demand"]))
+        gram, xv = tuple(map(float, slope["gram"])), tuple(map(float, slope["xv"]))
+        want = len(PaceSlope().gram)
+        if len(gram) != want or len(xv) != FEATURES:
+            raise ValueError(f"a pace slope of {len(gram)} and {len(xv)} sums, not {want} and {FEATURES}")
+        return cls(PaceSlope(gram, xv, float(slope["vv"])), Demand(**data["demand"]))

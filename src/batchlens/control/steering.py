@@ -60,9 +60,12 @@ class Steering:
         peak = data.get("peak")
         # A peak stored with the time it was last seen (older stores) loads without it.
         peak = None if peak is None else Peak(peak["batch"], peak["tokens_per_second"])
-        capacity = data.get("capacity")
-        # A store from before the capacity model loads without one: it is learned again in a few windows.
-        capacity = None if capacity is None else Capacity.from_dict(capacity)
+        # A store from before the capacity model, or with one it cannot read, loads without it: the model is
+        # learned again in a minute of windows, and a broken one must not stop the controller.
+        try:
+            capacity = Capacity.from_dict(data["capacity"])
+        except (KeyError, TypeError, ValueError):
+            capacity = None
         law = {k: data[k] for k in _LAW if k in data}
         return replace(live, law=State(**law, peak=peak, capacity=capacity))
 
