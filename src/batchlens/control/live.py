@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -31,7 +32,7 @@ from batchlens.control.admission import (
     worth_setting,
 )
 from batchlens.control.signals import EngineSample, Window, read_sample, window
-from batchlens.control.steering import Steering, Tick, bounds_said, steer
+from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, steer
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
@@ -89,6 +90,7 @@ class Controller:
             if c.admission else None
         )  # fmt: skip
         self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
+        self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
         self.caps_in_force: dict[str, object] = dict.fromkeys(self._urls, UNSET)  # as batchlens last set it
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
@@ -168,8 +170,11 @@ class Controller:
         # In force in memory before the log says so: a scrape between the two must not miss the target.
         self.states[name] = result.state
         self._report(name, before, result, signals, batch.max_num_active_seqs)
-        if result.state != before:
+        if result.state.without_model() != before.without_model() or (
+            result.state != before and now - self._saved_at.get(name, -math.inf) >= MODEL_SAVE_SECONDS
+        ):
             await self.store.run(self.store.save_control, name, result.state, now)
+            self._saved_at[name] = now
         if self._admission is not None:
             await self._admit(name, signals, now)
 

@@ -29,6 +29,7 @@ from batchlens.goodput import Slo
 
 #: Reasons a tick decides nothing of the law's own, as metric labels (besides the law's reasons).
 LIVE_REASONS = ("manual_hold", "breaker_open", "no_signal", "warming_up")
+MODEL_SAVE_SECONDS = 30.0  # the capacity model alone changed: saved at most this often (a store write per tick else)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Steering:
 
     def with_limit(self, limit: int) -> Steering:
         return replace(self, law=State(limit) if self.law is None else replace(self.law, limit=limit))
+
+    def without_model(self) -> Steering:
+        """All but the law's capacity model: what must reach the store at every change. The model moves every
+        tick and is learned again in a minute, so the controller saves it only now and then (MODEL_SAVE_SECONDS)."""
+        return self if self.law is None else replace(self, law=replace(self.law, capacity=None))
 
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
