@@ -11,7 +11,7 @@ export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 # start a real vLLM share one worker (tests/conftest.py), so one vLLM runs at a time.
 TEST_WORKERS ?= 3
 
-.PHONY: help test test-blocked test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds grafana-schema bench mutants build demo clean
+.PHONY: help test test-fast lint format system-deps vllm-env litellm-env vllm-matrix operator-kinds grafana-schema bench mutants build demo clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,10 +53,7 @@ format: $(BIN)/batchlens  ## apply ruff's fixes and formatting
 test: system-deps vllm-env litellm-env operator-kinds grafana-schema $(BIN)/batchlens lint  ## everything: lint, fresh artifacts, unit, e2e (Prometheus) and vllm (real vLLM) tests
 	$(BIN)/batchlens build --check
 	$(BIN)/python scripts/compatibility.py --check
-	$(BIN)/pytest -m "not matrix and not blocked" -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
-
-test-blocked: $(BIN)/batchlens  ## tests of blocked issues, on their known faults (issue 17: the controller on a real vLLM)
-	$(BIN)/pytest -m blocked -p no:cacheprovider -v
+	$(BIN)/pytest -m "not matrix" -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 demo: $(BIN)/batchlens  ## the whole stack natively, set up on a fresh machine (simulator, load, proxy, exporter, hook, Prometheus, Alertmanager, the report page, Grafana if installed)
 	@echo "demo: step 1/3: Prometheus and Alertmanager (Debian packages, installed when missing and root)"

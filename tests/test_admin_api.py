@@ -13,7 +13,7 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
-from batchlens.queued_caps import refusal
+from batchlens.queued_caps import priority_class, priority_of, refusal
 
 
 def status(fn, *args) -> int:
@@ -135,6 +135,40 @@ def caps(tokens=None, reqs=None, *, queued=0, unfinished=0) -> AdmissionState:
 )
 def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
     assert refusal(state, n) == refused
+
+
+@pytest.mark.parametrize(
+    ("state", "priority", "refused"),
+    [
+        (caps(reqs=4, unfinished=100), 1, None),  # critical: never refused at the door, however full
+        (caps(tokens=100, queued=10_000), 7, None),
+        (caps(reqs=4, unfinished=4), 0, "max_num_queued_reqs"),  # standard: the caps as they are
+        (caps(reqs=4, unfinished=1), -1, None),  # sheddable: half of each cap
+        (caps(reqs=4, unfinished=2), -1, "max_num_queued_reqs"),  # 2 + 1 > 4 x 0.5
+        (caps(tokens=100, queued=49), -3, None),
+        (caps(tokens=100, queued=50), -3, "max_num_queued_tokens"),
+        (caps(), -1, None),  # no cap: the door is open to every class
+    ],
+)
+def test_a_requests_door_priority_decides_when_it_is_refused(state, priority, refused) -> None:
+    assert refusal(state, priority=priority) == refused
+
+
+@pytest.mark.parametrize(
+    ("header", "priority", "named"),
+    [
+        (None, 0, "standard"),
+        (b"5", 5, "critical"),
+        ("-2", -2, "sheddable"),
+        (b" 0 ", 0, "standard"),
+        (b"high", 0, "standard"),
+        (b"1.5", 0, "standard"),
+        ("", 0, "standard"),
+        (b"\xff", 0, "standard"),
+    ],
+)
+def test_a_header_that_is_not_an_integer_is_standard_never_critical(header, priority, named) -> None:
+    assert priority_of(header) == priority and priority_class(priority_of(header)) == named
 
 
 @pytest.mark.parametrize(

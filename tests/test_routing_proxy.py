@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from batchlens.config import load_config
+from batchlens.queued_caps import CLASSES
 from batchlens.routing.proxy_config import litellm_config
 from harness.exporter import ExporterProcess, one, parse_samples, pick, scraped_sum
 from harness.grafana import panel_results, walk_panels
@@ -107,6 +108,12 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
         ("cold", "cold_gap", "cold", ""): 1,
     }
     assert answered(proxy) == {"main": 5, "interactive": 2, "long": 1, "cold": 1}
+    # Each role's door priority (routing.door_priority) reached its engine as x-batchlens-priority, through
+    # LiteLLM: the long prompt is sheddable there, the rest standard.
+    door = {n: {c: scraped_sum(e.url, "batchlens_door_requests_total", priority_class=c) for c in CLASSES}
+            for n, e in engines.items()}  # fmt: skip
+    assert door["long"] == {"critical": 0, "standard": 0, "sheddable": 1}, door
+    assert door["main"] == {"critical": 0, "standard": 5, "sheddable": 0}, door
 
     # The exporter hangs (SIGSTOP) and the fast engine dies: the plugin has either the last signals (the engine
     # up) or, once a read timed out, none (unknown); either way the role stands. LiteLLM finds the engine dead

@@ -15,11 +15,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 import yaml
 
 from batchlens.admin_api import ADMISSION_PATH, INFO_PATH
+from batchlens.queued_caps import CLASSES, PRIORITY_HEADER
 from harness.admin import (
     AdminClient,
     check_admission_contract,
@@ -121,9 +123,9 @@ def test_the_admin_api_keeps_the_contract(sim: SimulatorProcess) -> None:
     check_admission_contract(admin)
 
 
-def post_with_headers(url: str, payload: dict) -> tuple[int, dict, dict]:
+def post_with_headers(url: str, payload: dict, headers: dict | None = None) -> tuple[int, dict, dict]:
     request = urllib.request.Request(url + "/v1/completions", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+                                     headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return reply.status, dict(reply.headers), json.load(reply)
@@ -131,16 +133,29 @@ def post_with_headers(url: str, payload: dict) -> tuple[int, dict, dict]:
         return exc.code, dict(exc.headers), json.loads(exc.read())
 
 
-def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(tmp_path) -> None:
-    sim = SimulatorProcess(tmp_path, speed=1, args=("--max-num-seqs", "32"))
+def three_in_flight(admin: AdminClient) -> None:
+    wait_until(lambda: admin.request("GET", ADMISSION_PATH)[1]["num_unfinished_reqs"] == 3, timeout=10,
+               what="three requests in flight")  # fmt: skip
+
+
+@contextmanager
+def holding_three(tmp_path, *args: str) -> Iterator[tuple[SimulatorProcess, AdminClient]]:
+    """A simulator at speed 1 with three long requests held in flight (minutes of simulated decode)."""
+    sim = SimulatorProcess(tmp_path, speed=1, args=("--max-num-seqs", "32", *args))
     admin = AdminClient(sim.url, sim.token)
-    long = {"model": MODEL, "prompt": "x", "max_tokens": 2000}  # minutes of simulated decode at speed 1
     pool = ThreadPoolExecutor(3)
     try:
         for _ in range(3):
-            pool.submit(sim.post, "/v1/completions", long, 300)
-        wait_until(lambda: admin.request("GET", ADMISSION_PATH)[1]["num_unfinished_reqs"] == 3, timeout=10,
-                   what="three requests in flight")  # fmt: skip
+            pool.submit(sim.post, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2000}, 300)
+        three_in_flight(admin)
+        yield sim, admin
+    finally:
+        sim.stop()  # the three held requests end with it
+        pool.shutdown(wait=True)
+
+
+def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(tmp_path) -> None:
+    with holding_three(tmp_path) as (sim, admin):
         set_caps(admin, max_num_queued_reqs=3)
         started = time.monotonic()
         status, headers, reply = post_with_headers(sim.url, {"model": MODEL, "prompt": "y", "max_tokens": 2})
@@ -151,9 +166,37 @@ def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(
         assert list(counted.values()) == [1.0]
         set_caps(admin, max_num_queued_reqs=None)
         assert sim.post("/v1/completions", {"model": MODEL, "prompt": "y", "max_tokens": 2})[0] == 200
-    finally:
-        sim.stop()  # the three held requests end with it
-        pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize(
+    ("version", "critical", "counted_by_vllm"),
+    [("0.32.0", 503, "standard and critical"), ("0.10.2", 200, "standard and sheddable")],
+)
+def test_the_door_refuses_sheddable_requests_first_and_critical_ones_only_where_vllm_keeps_it(
+    tmp_path, version, critical, counted_by_vllm
+) -> None:
+    """Three requests held in flight. Under a cap of 5 unfinished a sheddable request (x-batchlens-priority < 0)
+    meets half of it and is refused, a standard one passes. Under a cap of 3 the standard one is refused, and a
+    critical one too where vLLM's own caps keep the door (0.29+: they cannot tell requests apart), never where
+    the plugin's door does. vLLM's counter counts what vLLM refused; the door's counts each class."""
+    short = {"model": MODEL, "prompt": "y", "max_tokens": 2}
+
+    def post(sim: SimulatorProcess, priority: int) -> int:
+        return post_with_headers(sim.url, short, {PRIORITY_HEADER: str(priority)})[0]
+
+    with holding_three(tmp_path, "--vllm-version", version) as (sim, admin):
+        set_caps(admin, max_num_queued_reqs=5)
+        assert (post(sim, -1), post(sim, 0)) == (503, 200)
+        three_in_flight(admin)  # the short request done
+        set_caps(admin, max_num_queued_reqs=3)
+        assert (post(sim, 0), post(sim, 1)) == (503, critical)
+        samples = gauges(sim)
+        assert list(pick(samples, "vllm:admission_rejections_total", reason="max_num_queued_reqs").values()) == [2.0]
+        refused = {c: pick(samples, "batchlens_door_refusals_total", priority_class=c) for c in CLASSES}
+        assert {c: sum(v.values()) for c, v in refused.items()} == {
+            "critical": float(critical == 503), "standard": 1.0, "sheddable": 1.0}, counted_by_vllm  # fmt: skip
+        arrived = {c: sum(pick(samples, "batchlens_door_requests_total", priority_class=c).values()) for c in CLASSES}
+        assert arrived == {"critical": 1.0, "standard": 5.0, "sheddable": 1.0}  # the three long ones are standard
 
 
 def test_without_a_token_the_admin_api_is_closed(tmp_path) -> None:

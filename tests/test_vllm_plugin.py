@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, TOKEN_ENV
+from batchlens.queued_caps import PRIORITY_HEADER
 from batchlens.vllm_plugin.admin_port import HOST_ENV, PORT_ENV, AdminListen, admin_listen
 from harness.admin import (
     AdminClient,
@@ -34,7 +35,7 @@ from harness.admin import (
     check_contract,
     set_caps,
 )
-from harness.exporter import parse_samples, pick
+from harness.exporter import one, parse_samples, pick
 from harness.procs import free_port, http_get
 from harness.vllm import ADMIN_TOKEN, VLLM_VERSION, VllmServer, start_vllm, vllm_python
 from harness.wheel import Distributions
@@ -80,11 +81,11 @@ def test_the_admin_api_keeps_its_contract(session_admin: AdminClient) -> None:
     check_admission_contract(session_admin)
 
 
-def completion_status(server: VllmServer, bodies: list[bytes]) -> int:
-    """One completion's HTTP status; a refusal's body is kept in ``bodies``."""
+def completion_status(server: VllmServer, bodies: list[bytes], priority: int = 0) -> int:
+    """One completion's HTTP status, at a door priority; a refusal's body is kept in ``bodies``."""
     payload = {"model": server.model, "prompt": [3] * 16, "max_tokens": 48, "ignore_eos": True}
-    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    headers = {"Content-Type": "application/json", PRIORITY_HEADER: str(priority)}
+    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=300) as reply:
             reply.read()
@@ -127,6 +128,8 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
         deadline = time.monotonic() + 60
         while statuses[503] < 20 and time.monotonic() < deadline:
             time.sleep(0.2)
+        # A sheddable request meets half the cap, refused by the plugin before vLLM sees it: vLLM never counts it.
+        shed = [completion_status(vllm_server, [], priority=-1) for _ in range(3)]
         running, _ = batch_gauges(vllm_server)
         kv = sum(pick(parse_samples(vllm_server.metrics_text()), "vllm:kv_cache_usage_perc").values())
     finally:
@@ -137,6 +140,10 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
     retry, _, body = bodies[0].partition(b" ")
     assert b"busy" in body and int(retry) >= 1, bodies[0][:300]  # vLLM's 503, with the plugin's Retry-After
     assert admission_rejections(vllm_server) - before == statuses[503]  # vLLM's own counter, one per refusal
+    assert 503 in shed, shed
+    door = parse_samples(vllm_server.metrics_text())
+    assert one(door, "batchlens_door_refusals_total", priority_class="sheddable") == shed.count(503)
+    assert one(door, "batchlens_door_refusals_total", priority_class="standard") >= statuses[503]
     assert 1 <= running <= 4 and kv < 0.9  # the admitted ones keep running; nothing piles up in the cache
     assert vllm_server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4
 
@@ -441,9 +448,17 @@ PLUGIN_DOOR_APP = MIDDLEWARE_APP + textwrap.dedent(
     refused = client.post("/v1/completions", json={})
     print("REQS", refused.status_code, json.dumps(refused.json()))
     print("PASS", put({"max_num_queued_reqs": 6}).status_code, client.post("/v1/completions", json={}).status_code)
+    # Door classes: with 5 unfinished under a cap of 6, a sheddable request meets half of it; a critical one
+    # passes a cap of 5 that refuses the standard one.
+    priority = lambda value: {"x-batchlens-priority": value}
+    print("SHEDDABLE", client.post("/v1/completions", json={}, headers=priority("-1")).status_code)
+    put({"max_num_queued_reqs": 5})
+    print("CRITICAL", client.post("/v1/completions", json={}, headers=priority("1")).status_code,
+          client.post("/v1/completions", json={}, headers=priority("junk")).status_code)
     print("INFO", client.get("/batchlens/v1/info", headers=auth).json())
     lines = generate_latest().decode().splitlines()
     print("COUNTED", sorted(line for line in lines if line.startswith("vllm:admission_rejections_total")))
+    print("CLASSES", sorted(line for line in lines if line.startswith("batchlens_door_")))
     """
 )
 
@@ -467,10 +482,21 @@ def test_where_vllm_has_no_queued_caps_the_plugins_door_refuses_by_the_same_rule
     status, body = out["REQS"].split(" ", 1)
     assert status == "503" and "currently busy" in json.loads(body)["error"]["message"]  # 5 unfinished + 1 > 5
     assert out["PASS"] == "200 200"
+    assert out["SHEDDABLE"] == "503" and out["CRITICAL"] == "200 503"  # "junk" is standard, never critical
     assert "'door': 'plugin'" in out["INFO"] and "'queued_caps': False" in out["INFO"], out["INFO"]
     counted = out["COUNTED"]
     assert 'model_name="tiny",reason="max_num_queued_tokens"} 1.0' in counted, counted
-    assert 'model_name="tiny",reason="max_num_queued_reqs"} 1.0' in counted, counted
+    assert 'model_name="tiny",reason="max_num_queued_reqs"} 3.0' in counted, counted  # reqs, sheddable, junk
+    classes = out["CLASSES"]
+    for line in (
+        'requests_total{priority_class="standard"} 5.0',
+        'requests_total{priority_class="sheddable"} 1.0',
+        'requests_total{priority_class="critical"} 1.0',
+        'refusals_total{priority_class="standard"} 3.0',
+        'refusals_total{priority_class="sheddable"} 1.0',
+        'refusals_total{priority_class="critical"} 0.0',
+    ):
+        assert f"batchlens_door_{line}" in classes, classes
 
 
 def test_with_an_admin_port_the_middleware_serves_the_admin_api_there_alone(vllm_plugin_env) -> None:

@@ -14,15 +14,25 @@ vLLM's own, where the exporter passes them through with ``vllm_instance``:
   exact variance over any window, which buckets alone cannot.
 - ``batchlens_requests_total{stream="true"|"false"}``: answered requests,
   by whether the answer was a stream.
+- ``batchlens_door_requests_total{priority_class}`` and
+  ``batchlens_door_refusals_total{priority_class}``: generation requests at the
+  door, and those refused there with a queued cap's 503 (vLLM's or the
+  plugin's), by the class of their door priority (batchlens.queued_caps). vLLM
+  counts its refusals by reason only, and no arrivals at all: these give each
+  class's refused share over what reached it.
 """
 
 from __future__ import annotations
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
+from batchlens.queued_caps import CLASSES
+
 INTERARRIVAL = "batchlens_request_interarrival_seconds"
 INTERARRIVAL_SQUARES = "batchlens_request_interarrival_seconds_squared_total"
 REQUESTS = "batchlens_requests_total"
+DOOR_REQUESTS = "batchlens_door_requests_total"
+DOOR_REFUSALS = "batchlens_door_refusals_total"
 # From a busy server's milliseconds to a quiet night's minutes.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 # The OpenAI routes that start a generation.
@@ -43,10 +53,18 @@ class ArrivalMetrics:
         requests = Counter(REQUESTS.removesuffix("_total"), "Answered generation requests.", ("stream",),
                            registry=registry)  # fmt: skip
         self._answered = {True: requests.labels(stream="true"), False: requests.labels(stream="false")}
+        door = Counter(DOOR_REQUESTS.removesuffix("_total"), "Generation requests at the admission door, by the "
+                       "class of their door priority.", ("priority_class",), registry=registry)  # fmt: skip
+        refused = Counter(DOOR_REFUSALS.removesuffix("_total"), "Generation requests refused at the door with a "
+                          "queued cap's 503, by the class of their door priority.", ("priority_class",),
+                          registry=registry)  # fmt: skip
+        self._door = {name: door.labels(name) for name in CLASSES}  # every class from the start: rates need a zero
+        self._refused = {name: refused.labels(name) for name in CLASSES}
         self._last: float | None = None
 
-    def arrived(self, now: float) -> None:
-        """A generation request arrived at ``now`` (monotonic seconds)."""
+    def arrived(self, now: float, priority_class: str = "standard") -> None:
+        """A generation request of ``priority_class`` arrived at ``now`` (monotonic seconds)."""
+        self._door[priority_class].inc()
         if self._last is not None:
             gap = max(0.0, now - self._last)
             self._gaps.observe(gap)
@@ -55,3 +73,7 @@ class ArrivalMetrics:
 
     def answered(self, stream: bool) -> None:
         self._answered[stream].inc()
+
+    def refused(self, priority_class: str) -> None:
+        """A request of ``priority_class`` was refused at the door (a queued cap's 503)."""
+        self._refused[priority_class].inc()

@@ -4,6 +4,13 @@
 the prompt tokens of the requests still in prefill, counted whole until their prefill ends, as vLLM does
 (``AsyncLLM.check_admission``). The simulator refuses with these rules, so that the demo, replay and the
 tests see what a vLLM with the caps set would do.
+
+A request's door priority (``x-batchlens-priority``, after the Gateway API Inference Extension: higher is more
+important) sorts it into a class. ``critical`` (above 0) is never refused at the door; ``standard`` (0, the
+default) meets the caps; ``sheddable`` (below 0) is refused first, once the backlog reaches SHEDDABLE_SHARE of a
+cap, so that under a rising overload it goes before any standard request does. vLLM's own caps (0.29 and later)
+cannot tell requests apart: there a critical request is refused at the caps like a standard one
+(docs/admission.md).
 """
 
 from __future__ import annotations
@@ -19,11 +26,36 @@ MESSAGES = {
 }
 
 
-def refusal(caps: AdmissionState, n: int = 1) -> str | None:
-    """The cap a request of ``n`` sequences would pass (a reason of MESSAGES), or None: admitted."""
-    if caps.max_num_queued_reqs is not None and caps.num_unfinished_reqs + n > caps.max_num_queued_reqs:
+#: The request header that carries a request's door priority: an integer, higher is more important.
+PRIORITY_HEADER = "x-batchlens-priority"
+#: The share of a cap at which the door starts refusing sheddable requests.
+SHEDDABLE_SHARE = 0.5
+#: The door's classes, as ``priority_class`` labels them.
+CLASSES = ("critical", "standard", "sheddable")
+
+
+def priority_of(header: str | bytes | None) -> int:
+    """A request's door priority from its header; absent or not an integer: 0, standard (never an error: a
+    client's typo must not turn into a refusal, nor into a claim to be critical)."""
+    try:
+        return int(header.decode("latin-1") if isinstance(header, bytes) else header)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
+
+
+def priority_class(priority: int) -> str:
+    return "critical" if priority > 0 else "sheddable" if priority < 0 else "standard"
+
+
+def refusal(caps: AdmissionState, n: int = 1, priority: int = 0) -> str | None:
+    """The cap a request of ``n`` sequences and door ``priority`` would pass (a reason of MESSAGES), or None:
+    admitted. Critical requests always pass; sheddable ones meet SHEDDABLE_SHARE of each cap."""
+    if priority > 0:
+        return None
+    share = SHEDDABLE_SHARE if priority < 0 else 1.0
+    if caps.max_num_queued_reqs is not None and caps.num_unfinished_reqs + n > caps.max_num_queued_reqs * share:
         return "max_num_queued_reqs"
-    if caps.max_num_queued_tokens is not None and caps.num_queued_tokens >= caps.max_num_queued_tokens:
+    if caps.max_num_queued_tokens is not None and caps.num_queued_tokens >= caps.max_num_queued_tokens * share:
         return "max_num_queued_tokens"
     return None
 

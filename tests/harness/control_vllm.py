@@ -1,5 +1,6 @@
 """The controller steering a real vLLM through the batchlens plugin, against static limits: the scenario that
-tests/test_control_vllm.py judges (make test-blocked) and benchmarks/control_vllm.py prints (make bench).
+tests/test_control_vllm.py checks (make test: the limit moves) and benchmarks/control_vllm.py measures (make
+bench: goodput against the best static limit, five runs, and the door's worth under overload).
 
 One bursty trace is replayed in real time (`batchlens replay --url`, every request streamed and judged at
 the client) three times on one server: at vLLM's default limit (the capacity), at a small static limit (12,
@@ -27,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchlens.admin_api import ADMISSION_PATH
 from harness.admin import AdminClient
 from harness.exporter import ExporterProcess, one, parse_samples
 from harness.remediate import RemediateProcess
@@ -45,34 +47,44 @@ MOVING = {"pace_over", "kv_ceiling", "keep_up", "past_peak", "slow_start", "head
 
 
 @dataclass
+class Steered:
+    """One replay with `batchlens remediate` steering the limit."""
+
+    run: dict  # the replay's JSON run
+    accounting: dict  # every request sent: answered, refused (503, 429), failed by reason
+    limits_seen: list[int]  # the limit in force, every 0.5 s, as the exporter saw it
+    moves: int  # the controller's decisions that moved the limit
+
+
+@dataclass
 class Comparison:
     requests: int
     static: dict[int, dict]  # limit -> its replay's JSON run
-    steered: dict
-    limits_seen: list[int]  # the limit in force, every 0.5 s, as the exporter saw it
-    moves: int  # the controller's decisions that moved the limit
+    steered: list[Steered]  # the same trace steered, run after run
 
     @property
     def best(self) -> float:
         return max(r["goodput_rps"] for r in self.static.values())
 
     @property
-    def ratio(self) -> float:
-        return self.steered["goodput_rps"] / self.best
+    def ratios(self) -> list[float]:
+        return [s.run["goodput_rps"] / self.best for s in self.steered]
 
     def summary(self) -> str:
         report = {f"static:{n}": round(r["goodput_rps"], 2) for n, r in self.static.items()}
-        return (f"{self.requests} requests over {SECONDS} s; goodput (req/s): {report}, controller "
-                f"{self.steered['goodput_rps']:.2f} (attainment {self.steered['slo_attainment']:.2f}, P99 TTFT "
-                f"{self.steered['p99_ttft_s']:.2f} s); ratio to the best static {self.ratio:.2f}; {self.moves} "
-                f"moves; limits in force: {self.limits_seen}")  # fmt: skip
+        lines = [f"{self.requests} requests over {SECONDS} s; goodput (req/s): {report}"]
+        for n, (s, ratio) in enumerate(zip(self.steered, self.ratios, strict=True), 1):
+            lines.append(f"controller run {n}: {s.run['goodput_rps']:.2f} (attainment {s.run['slo_attainment']:.2f}, "
+                         f"P99 TTFT {s.run['p99_ttft_s']:.2f} s); ratio to the best static {ratio:.2f}; {s.moves} "
+                         f"moves; limits in force: {s.limits_seen}")  # fmt: skip
+        return "\n".join(lines)
 
 
 def judged(trace: Path, server: VllmServer) -> dict:
+    """The replay's JSON: its one run under "policies", and "accounting" of every request sent."""
     done = replay(trace, server.url, *SLO, timeout=SECONDS + 120)
     assert done.returncode == 0, done.stderr[-2000:]
-    [run] = json.loads(done.stdout)["policies"]
-    return run
+    return json.loads(done.stdout)
 
 
 def wait_until_judging(hook: RemediateProcess, timeout: float = 30) -> None:
@@ -95,24 +107,28 @@ def watch_limit(exporter: ExporterProcess, stop: threading.Event, seen: list[int
         seen.append(int(one(parse_samples(exporter.scrape()[1]), "batchlens_batch_limit", vllm_instance="cpu")))
 
 
-def steer_against_statics(tmp_path: Path, server: VllmServer) -> Comparison:
-    """The trace at the capacity, at SMALL, and steered from SMALL by the controller; the limit put back."""
-    trace = tmp_path / "bursty.jsonl"
-    count = write_trace(trace, SECONDS, RATE, cv=2.0, prompts=(64, 256, 512), outputs=(64, 128, 256), seed=1)
+def bursty_trace(folder: Path, seconds: float = SECONDS, rate: float = RATE) -> tuple[Path, int]:
+    """The scenario's trace (gaps with a CV of 2), and how many requests it holds."""
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = folder / f"bursty-{seconds:g}s-{rate:g}rps.jsonl"
+    return trace, write_trace(trace, seconds, rate, cv=2.0, prompts=(64, 256, 512), outputs=(64, 128, 256), seed=1)
+
+
+def steer(folder: Path, server: VllmServer, trace: Path, **control) -> Steered:
+    """The trace replayed with the controller steering from SMALL (``control`` adds to its settings); the
+    limit is put back to the capacity after."""
+    folder.mkdir(parents=True, exist_ok=True)
     admin = AdminClient(server.url, ADMIN_TOKEN)
-    static = {}
+    engines = [{"name": "cpu", "url": server.url}]
+    control = {"enabled": True, "interval_seconds": 0.5, "drain_seconds": 2, "start_limit": SMALL, **control}
     try:
-        for limit in (CAPACITY, SMALL):
-            admin.set_limit(limit)
-            static[limit] = judged(trace, server)
-        engines = [{"name": "cpu", "url": server.url}]
-        control = {"enabled": True, "interval_seconds": 0.5, "drain_seconds": 2, "start_limit": SMALL}
-        hook = RemediateProcess(tmp_path, {"engines": engines, "control": control,
-                                           "slo": {"ttft_seconds": TTFT, "tpot_seconds": TPOT}},
+        admin.set_limit(SMALL)
+        hook = RemediateProcess(folder, {"engines": engines, "control": control,
+                                         "slo": {"ttft_seconds": TTFT, "tpot_seconds": TPOT}},
                                 env={"BATCHLENS_ADMIN_TOKEN": ADMIN_TOKEN})  # fmt: skip
-        config = tmp_path / "exporter.json"
+        config = folder / "exporter.json"
         config.write_text(json.dumps({"engines": engines}))
-        exporter = ExporterProcess(tmp_path, [], interval=0.5, extra_args=("--config", str(config)),
+        exporter = ExporterProcess(folder, [], interval=0.5, extra_args=("--config", str(config)),
                                    env={"BATCHLENS_ADMIN_TOKEN": ADMIN_TOKEN})  # fmt: skip
         wait_until_judging(hook)
         seen: list[int] = []
@@ -120,7 +136,7 @@ def steer_against_statics(tmp_path: Path, server: VllmServer) -> Comparison:
         watcher = threading.Thread(target=watch_limit, args=(exporter, stop, seen))
         try:
             watcher.start()
-            steered = judged(trace, server)
+            done = judged(trace, server)
         finally:
             stop.set()
             watcher.join()
@@ -129,7 +145,23 @@ def steer_against_statics(tmp_path: Path, server: VllmServer) -> Comparison:
             hook.stop()
     finally:
         admin.set_limit(CAPACITY)
-    return Comparison(count, static, steered, seen, moves(decisions))
+        admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_tokens": null, "max_num_queued_reqs": null}')
+    [run] = done["policies"]
+    return Steered(run, done["accounting"]["total"], seen, moves(decisions))
+
+
+def steer_against_statics(folder: Path, server: VllmServer, runs: int = 1) -> Comparison:
+    """The trace at the capacity and at SMALL, then steered from SMALL by the controller ``runs`` times."""
+    trace, count = bursty_trace(folder)
+    admin = AdminClient(server.url, ADMIN_TOKEN)
+    static = {}
+    try:
+        for limit in (CAPACITY, SMALL):
+            admin.set_limit(limit)
+            [static[limit]] = judged(trace, server)["policies"]
+    finally:
+        admin.set_limit(CAPACITY)
+    return Comparison(count, static, [steer(folder / f"steered-{n}", server, trace) for n in range(runs)])
 
 
 def moves(samples: dict) -> int:

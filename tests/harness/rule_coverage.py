@@ -20,6 +20,8 @@ NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation|batchlens_routing_")
 #: vLLM's admission counter came with its queued caps (0.29). Before, the plugin's door counts under the same name,
 #: but captures taken before the door (tests/data/releases) lack it: rules over it are empty there.
 NEEDS_QUEUED_CAPS = re.compile(r"admission_rejections")
+#: The plugin's per-class door counters (batchlens_door_*) came later still: captures taken before them lack them.
+NEEDS_DOOR_CLASSES = re.compile(r"batchlens_door_")
 #: The routing plugin's series live on the LiteLLM proxy's /metrics, not the exporter's: tests/test_routing_proxy.py
 #: checks their rules against a real proxy.
 FROM_THE_ROUTER = re.compile(r"batchlens_routing_")
@@ -51,17 +53,26 @@ class Coverage:
 
 
 def coverage(
-    prometheus: PrometheusServer, instance: str, *, release: str, door_series: bool = True, wait: float = 30
+    prometheus: PrometheusServer,
+    instance: str,
+    *,
+    release: str,
+    door_series: bool = True,
+    door_classes: bool = True,
+    wait: float = 30,
 ) -> Coverage:
     """Ask until every rule has data for ``instance`` or ``wait`` seconds pass (rates need two samples).
 
     ``release``: the vLLM release behind the instance. ``door_series``: whether a release before the queued caps
     has the plugin door's admission series (a live server does; a capture from before the door does not).
+    ``door_classes``: whether the instance has the plugin's per-class door counters (likewise).
     """
     selector = f'{{vllm_instance="{instance}"}}'
     absent = NEEDS_OTHER_SOURCES.pattern
     if series_of(release) < QUEUED_CAPS and not door_series:
         absent += "|" + NEEDS_QUEUED_CAPS.pattern
+    if not door_classes:
+        absent += "|" + NEEDS_DOOR_CLASSES.pattern
     other_rules = [name for name in recording_rules() if re.search(absent, name)]
     rules = [name for name in recording_rules() if name not in other_rules]
     inputs = alert_inputs()

@@ -428,6 +428,12 @@ class Routing(_Section):
         default_factory=lambda: {"interactive": 0, "main": 1, "cold": 1, "long": 2},
         description="vLLM's request priority per role (lower first), for engines on --scheduling-policy priority",
     )
+    door_priority: dict[Role, int] = Field(
+        default_factory=lambda: {"interactive": 0, "main": 0, "cold": 0, "long": -1},
+        description="the engine door's priority per role, sent as x-batchlens-priority: below 0 sheddable (refused "
+        "first, at half the queued caps), 0 standard, above 0 critical (never refused by the plugin's door); "
+        "docs/admission.md",
+    )
     exporter_url: str = Field("http://127.0.0.1:9400", description="the batchlens exporter the signals come from")
     proxy_url: str = Field(
         "", description="the LiteLLM proxy; the exporter reports whether it answers (empty: not watched)"

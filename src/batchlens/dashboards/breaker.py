@@ -127,9 +127,14 @@ def breaker(thresholds: Thresholds) -> dict:
                                  f"vllm_admission_rejections:rate1m{{{INSTANCE}}})", "{{vllm_instance}} {{reason}}"),
                                 (f"max by ({BY}) (vllm_instance_model_name:vllm_admission_rejections:ratio5m"
                                  f"{{{INSTANCE}}})", "{{vllm_instance}} share of arrivals (5m)"),
+                                (f"max by ({BY}, priority_class) (vllm_instance_model_name_class:"
+                                 f"batchlens_door_refusals:ratio5m{{{INSTANCE}}})",
+                                 "{{vllm_instance}} {{priority_class}} share (5m)"),
                                 unit="short",
                                 description="vLLM's own count of requests its queued caps refused with a 503, by "
-                                            "reason, and the refused share that VllmAdmissionShedding pages on."),
+                                            "reason; the refused share of all arrivals; and each door class's "
+                                            "refused share (x-batchlens-priority: critical, standard, "
+                                            "sheddable), which VllmAdmissionShedding pages on."),
                      8),
                 ],
             ),

@@ -18,7 +18,9 @@ the tag ``batchlens-engine:<name>``. LiteLLM's newer routing plugins
 one model, and the metadata they see is a copy.
 
 vLLM's request ``priority`` goes in ``extra_body``: LiteLLM takes a top-level
-``priority`` for its own scheduler queue and does not forward it.
+``priority`` for its own scheduler queue and does not forward it. The role's
+door priority (``routing.door_priority``) goes in ``extra_headers`` as
+``x-batchlens-priority``, which the engine's admission door reads.
 
 The configuration comes from ``BATCHLENS_CONFIG`` (engines with their roles,
 and the ``routing`` section). Any failure inside the hook is logged and
@@ -34,6 +36,7 @@ import os
 from litellm.integrations.custom_logger import CustomLogger
 
 from batchlens.config import load_config
+from batchlens.queued_caps import PRIORITY_HEADER
 from batchlens.routing.proxy_request import (
     caller_of,
     client_priority,
@@ -108,6 +111,8 @@ class BatchlensRouting(CustomLogger):
         metadata["tags"] = [*(metadata.get("tags") or []), *decision.tags]
         if decision.priority is not None:
             data["extra_body"] = {**(data.get("extra_body") or {}), "priority": decision.priority}
+        # The role's door class, always set: it replaces whatever door priority a client sent.
+        data["extra_headers"] = {**(data.get("extra_headers") or {}), PRIORITY_HEADER: str(decision.door_priority)}
         return data
 
     def _count_ignored(self, key_alias: str | None, claims: tuple[str, ...]) -> None:

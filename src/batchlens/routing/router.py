@@ -46,6 +46,7 @@ class Decision:
     choice: Choice  # the role the request wanted, and why
     route: Route  # where it goes
     priority: int | None  # vLLM's request priority; None: not every engine of the route schedules by priority
+    door_priority: int = 0  # the engine door's (x-batchlens-priority): below 0 sheddable, above 0 critical
 
     @property
     def tags(self) -> list[str]:
@@ -203,4 +204,4 @@ class Router:
         priority = self.rules.priority.get(choice.role)
         if not route.engines or not set(route.engines) <= self._priority_engines:
             priority = None  # only --scheduling-policy priority acts on it; vLLM 0.10's V0 engine refuses it otherwise
-        return Decision(choice, route, priority)
+        return Decision(choice, route, priority, self.rules.door_priority.get(choice.role, 0))

@@ -131,14 +131,15 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
         _alert(
             links,
             "VllmAdmissionShedding",
-            f"{LEVEL}:vllm_admission_rejections:ratio5m > {SHED_SHARE}",
+            f"{LEVEL}_class:batchlens_door_refusals:ratio5m > {SHED_SHARE}",
             "5m",
             "critical",
-            "{{ $labels.vllm_instance }} refuses {{ $value | humanizePercentage }} of its requests at the door",
-            f"For 5 minutes more than {SHED_SHARE:.0%} of the requests reaching this engine were refused "
-            "with a 503 by its queued-token or queued-request cap (vllm:admission_rejections_total). The ones "
-            "admitted meet their TTFT; the rest needed capacity that is not there. This is a capacity page: "
-            "no batch limit or cap brings the refused share back.",
+            "{{ $labels.vllm_instance }} refuses {{ $value | humanizePercentage }} of its "
+            "{{ $labels.priority_class }} requests at the door",
+            f"For 5 minutes more than {SHED_SHARE:.0%} of the {{{{ $labels.priority_class }}}} requests reaching "
+            "this engine were refused with a 503 by its queued-token or queued-request cap "
+            "(batchlens_door_refusals_total). The ones admitted meet their TTFT; the rest needed capacity that is "
+            "not there. This is a capacity page: no batch limit or cap brings the refused share back.",
         ),
         _alert(
             links,

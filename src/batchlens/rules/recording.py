@@ -160,6 +160,12 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         f"{LEVEL}:vllm_admission_rejections:ratio5m",
         f"{shed} / ({shed} + sum by ({BY}) (rate(vllm:request_success_total[5m])))",
     )
+    # Each door class's refused share of what reached the door (the plugin counts both, by priority_class).
+    record(
+        f"{LEVEL}_class:batchlens_door_refusals:ratio5m",
+        f"sum by ({BY}, priority_class) (rate(batchlens_door_refusals_total[5m]))"
+        f" / sum by ({BY}, priority_class) (rate(batchlens_door_requests_total[5m]))",
+    )
     rules += routing_rules()
     return rules
 

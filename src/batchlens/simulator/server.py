@@ -39,7 +39,7 @@ from batchlens.admin_api import (
 )
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
-from batchlens.queued_caps import refusal, refusal_body
+from batchlens.queued_caps import PRIORITY_HEADER, priority_class, priority_of, refusal, refusal_body
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
 from batchlens.simulator.engine import Engine, SimRequest
@@ -167,10 +167,17 @@ class Simulator:
         except ConnectionError:  # the client went away mid-body (a proxy stopped): nobody to answer, nothing to run
             log.info("a client closed its connection before its request arrived whole")
             return web.Response(status=400)
-        self.arrivals.arrived(time.monotonic())
+        priority = priority_of(request.headers.get(PRIORITY_HEADER))
+        door_class = priority_class(priority)
+        self.arrivals.arrived(time.monotonic(), door_class)
         state = self.admission()
-        if (reason := refusal(state)) is not None:  # as vLLM does: before any work for the request
-            self.metrics.admission_rejections[reason].inc()
+        # As the plugin and vLLM do: before any work for the request. vLLM's own caps cannot tell a critical
+        # request apart, and the plugin refuses sheddable ones before vLLM sees them, uncounted by vLLM.
+        vllm_door = series_of(self.vllm_version) >= QUEUED_CAPS
+        if (reason := refusal(state, priority=min(priority, 0) if vllm_door else priority)) is not None:
+            self.arrivals.refused(door_class)
+            if not (vllm_door and priority < 0):
+                self.metrics.admission_rejections[reason].inc()
             refused = web.json_response(refusal_body(reason), status=503)
             refused.headers["Retry-After"] = str(retry_after(state))  # as the plugin adds it to vLLM's 503
             return refused

@@ -1,7 +1,9 @@
 """An ASGI middleware in vLLM's API server: it observes request arrivals (batchlens.arrivals) and keeps the door.
 
 It sees a generation request when it arrives and its answer when the headers
-go out (``text/event-stream`` is a stream), and never touches the bodies. To
+go out (``text/event-stream`` is a stream), and never touches the bodies. It
+reads the request's door priority from its ``x-batchlens-priority`` header,
+counts it by class, and counts by class each queued cap's 503. To
 a 503 (a queued cap refusing it, docs/admission.md) it adds the
 ``Retry-After`` the door gives: when the backlog should have drained. On a
 release without vLLM's own queued caps, the plugin's door (door.py) refuses
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
-from batchlens.queued_caps import refusal_body
+from batchlens.queued_caps import PRIORITY_HEADER, priority_class, priority_of, refusal_body
 
 _metrics: ArrivalMetrics | None = None
 
@@ -33,7 +35,7 @@ def metrics() -> ArrivalMetrics:
 
 
 class Door(Protocol):
-    def refusal(self) -> str | None: ...  # a reason of queued_caps.MESSAGES to refuse a request arriving now
+    def refusal(self, priority: int) -> str | None: ...  # a reason of queued_caps.MESSAGES to refuse one now
     def retry_after(self) -> int: ...
 
 
@@ -47,9 +49,12 @@ class ArrivalMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
-        self.arrivals.arrived(time.monotonic())
+        priority = priority_of(dict(scope.get("headers") or ()).get(PRIORITY_HEADER.encode()))
+        door_class = priority_class(priority)
+        self.arrivals.arrived(time.monotonic(), door_class)
         door = self.door()
-        if (reason := door.refusal()) is not None:
+        if (reason := door.refusal(priority)) is not None:
+            self.arrivals.refused(door_class)
             await refuse(send, reason, door.retry_after())
             return
 
@@ -57,7 +62,8 @@ class ArrivalMiddleware:
             if message["type"] == "http.response.start" and message.get("status") == 200:
                 content_type = dict(message.get("headers") or ()).get(b"content-type", b"")
                 self.arrivals.answered(content_type.startswith(b"text/event-stream"))
-            elif message["type"] == "http.response.start" and message.get("status") == 503:
+            elif message["type"] == "http.response.start" and message.get("status") == 503:  # vLLM's own caps
+                self.arrivals.refused(door_class)
                 headers = [h for h in message.get("headers") or () if h[0].lower() != b"retry-after"]
                 message = {**message, "headers": [*headers, (b"retry-after", str(door.retry_after()).encode())]}
             await send(message)

@@ -123,17 +123,23 @@ class AdminService:
         """What a refusal's Retry-After says: the backlog over the measured prefill rate (1 where unknown)."""
         return 1 if self._door is None else retry_after(self._admission(self._door))
 
-    def refusal(self) -> str | None:
-        """The plugin door's verdict on a request arriving now (a reason of queued_caps.MESSAGES, counted), or None.
+    def refusal(self, priority: int) -> str | None:
+        """The plugin's verdict on a request of door ``priority`` arriving now (a reason of queued_caps.MESSAGES),
+        or None.
 
-        None where vLLM's own door applies the caps: vLLM refuses in its serving code.
+        The plugin's door applies every class's rule and counts in vLLM's series. Where vLLM's own door applies
+        the caps, vLLM refuses standard and critical requests alike in its serving code, so the plugin refuses
+        only the sheddable ones it must refuse first (counted in batchlens_door_refusals_total alone: vLLM's
+        counter is vLLM's).
         """
-        if not isinstance(self._door, PluginDoor):
-            return None
-        reason = refusal(self._admission(self._door))
-        if reason is not None:
-            self._door.rejections[reason].inc()
-        return reason
+        if isinstance(self._door, PluginDoor):
+            reason = refusal(self._admission(self._door), priority=priority)
+            if reason is not None:
+                self._door.rejections[reason].inc()
+            return reason
+        if isinstance(self._door, VllmDoor) and priority < 0:
+            return refusal(self._admission(self._door), priority=priority)
+        return None
 
     async def admission(self) -> AdmissionState:
         return self._admission(self._open_door())
@@ -211,7 +217,7 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
 class NoDoor:
     """Before the admin state exists, or where the plugin refused this vLLM: nothing is refused."""
 
-    def refusal(self) -> None:
+    def refusal(self, priority: int) -> None:
         return None
 
     def retry_after(self) -> int:
