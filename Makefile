@@ -75,7 +75,7 @@ mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, what routing is worth, the controller on real vLLM
+bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, what routing is worth and what the proxy costs, the controller on real vLLM
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
@@ -83,6 +83,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/controller.py
 	$(BIN)/python benchmarks/demo_regime.py
 	$(BIN)/python benchmarks/routing.py
+	$(BIN)/python benchmarks/proxy_cost.py
 	$(BIN)/python benchmarks/control_vllm.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)

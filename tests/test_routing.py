@@ -114,6 +114,23 @@ def test_an_auto_cold_gap_is_the_p90_of_the_recent_gaps() -> None:
     assert classify(Request(10, gap=1.0), rules, gaps.threshold()).role == "main"
 
 
+def test_the_auto_cold_gap_is_taken_again_once_per_signal_refresh_not_per_request() -> None:
+    rules = Routing(cold_gap="auto", cold_gap_min_gaps=20, cold_gap_window=20, signals_ttl_seconds=1.0)
+    gaps, now = ArrivalGaps(rules), 0.0
+    gaps.arrived(now)
+    for _ in range(20):
+        now += 0.01
+        gaps.arrived(now)
+    assert gaps.threshold() == pytest.approx(0.01)
+    for _ in range(20):  # slower arrivals, 0.8 s of them: within one refresh, the quantile taken stands
+        now += 0.04
+        gaps.arrived(now)
+    assert gaps.threshold() == pytest.approx(0.01)
+    now += 0.3  # past the refresh: taken again, over the window as it is now
+    gaps.arrived(now)
+    assert gaps.threshold() == pytest.approx(0.04)
+
+
 def exposition(engines: dict[str, dict[str, float]]) -> str:
     registry = CollectorRegistry()
     names = {

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from batchlens.admin_api import ADMISSION_PATH
 from harness.admin import AdminClient
-from harness.exporter import ExporterProcess, one, parse_samples
+from harness.exporter import ExporterProcess, parse_samples, pick
 from harness.remediate import RemediateProcess
 from harness.replay import replay, write_trace
 from harness.vllm import ADMIN_TOKEN, VllmServer
@@ -40,6 +40,7 @@ CAPACITY, SMALL = 32, 12  # the server's --max-num-seqs; the static limit the co
 # queued behind the small limit, and their TTFT misses) is a fixed cost: at 40 s from 8 it alone moved the
 # ratio between 0.75 and 0.99 from run to run on the same code.
 SECONDS, RATE = 60, 10.0
+PROMPTS, OUTPUTS = (64, 256, 512), (64, 128, 256)
 TTFT, TPOT = 0.5, 0.04
 SLO = ("--slo-ttft", str(TTFT), "--slo-tpot", str(TPOT))
 #: The controller's decisions that change a limit (steady and idle ticks do not).
@@ -103,15 +104,27 @@ def wait_until_judging(hook: RemediateProcess, timeout: float = 30) -> None:
 
 
 def watch_limit(exporter: ExporterProcess, stop: threading.Event, seen: list[int]) -> None:
+    """The limit in force every 0.5 s. Under overload the exporter's read of the admin API can time out: that
+    scrape has no batchlens_batch_limit (its source is down), and the watch goes on to the next."""
     while not stop.wait(0.5):
-        seen.append(int(one(parse_samples(exporter.scrape()[1]), "batchlens_batch_limit", vllm_instance="cpu")))
+        found = pick(parse_samples(exporter.scrape()[1]), "batchlens_batch_limit", vllm_instance="cpu")
+        seen.extend(int(v) for v in found.values())
 
 
 def bursty_trace(folder: Path, seconds: float = SECONDS, rate: float = RATE) -> tuple[Path, int]:
     """The scenario's trace (gaps with a CV of 2), and how many requests it holds."""
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / f"bursty-{seconds:g}s-{rate:g}rps.jsonl"
-    return trace, write_trace(trace, seconds, rate, cv=2.0, prompts=(64, 256, 512), outputs=(64, 128, 256), seed=1)
+    return trace, write_trace(trace, seconds, rate, cv=2.0, prompts=PROMPTS, outputs=OUTPUTS, seed=1)
+
+
+def served_rate(folder: Path, server: VllmServer, seconds: float = 20) -> float:
+    """The requests/s this server serves at its capacity with the scenario's mix: a trace at four times RATE
+    replayed at the capacity, its output tokens/s over the mix's mean output. Machines differ by 2x and more."""
+    trace, _ = bursty_trace(folder, seconds=seconds, rate=4 * RATE)
+    AdminClient(server.url, ADMIN_TOKEN).set_limit(CAPACITY)
+    [run] = judged(trace, server)["policies"]
+    return run["throughput_tokens_s"] / (sum(OUTPUTS) / len(OUTPUTS))
 
 
 def steer(folder: Path, server: VllmServer, trace: Path, **control) -> Steered:
