@@ -11,7 +11,7 @@ stack's own Prometheus about the last --minutes and prints them side by side:
 - the shares of TTFT within 0.5 s and of token gaps within 0.1 s (the SLO), from vLLM's histograms;
 - goodput, estimated: finished x both shares / seconds (live, no request's own timings are kept);
 - the P99 TTFT of the admitted (the refused never start), from the buckets;
-- the hook's decisions by kind and its pages, the lowest limit, and the alerts that fired.
+- the hook's decisions by kind and its pages (since it started), the lowest limit, and the alerts that fired.
 
 False sheds cannot be measured live (their counterfactual exists only in replay: benchmarks/controller.py).
 """
@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BATCHLENS = str(Path(sys.executable).parent / "batchlens")
 STACKS = {"controller + door": (0, ()), "breaker only": (100, ("--no-steer",))}
 PROMETHEUS_PORT = 9090
+#: The controller's decisions that move a limit (steady, idle and drain ticks do not).
+MOVING = ("pace_over", "kv_ceiling", "keep_up", "past_peak", "slow_start", "headroom")
 
 
 def query(prometheus: str, expr: str) -> list[dict]:
@@ -62,8 +64,12 @@ def figures(prometheus: str, minutes: int) -> dict:
     ttft, itl = share("vllm:time_to_first_token_seconds", "0.5"), share("vllm:inter_token_latency_seconds", "0.1")
     shed = scalar(prometheus, f"sum(increase(vllm:admission_rejections_total{w})) or vector(0)")
     arrived = scalar(prometheus, f"sum(increase(batchlens_door_requests_total{w}))")
-    actions = by_label(prometheus, f"sum by (action) (increase(batchlens_remediation_actions_total{w})) > 0", "action")
-    pages = by_label(prometheus, f"sum by (reason) (increase(batchlens_remediation_pages_total{w})) > 0", "reason")
+    # The hook's counters since it started (increase() misses a series' first count: a counter born at 1).
+    actions = by_label(prometheus, "sum by (action) (batchlens_remediation_actions_total) > 0", "action")
+    pages = by_label(prometheus, "sum by (reason) (batchlens_remediation_pages_total) > 0", "reason")
+    moving = "|".join(sorted(MOVING))
+    moved = f'sum by (reason) (batchlens_controller_decisions_total{{reason=~"{moving}"}}) > 0'
+    moves = by_label(prometheus, moved, "reason")
     p99 = f"histogram_quantile(0.99, sum by (le) (increase(vllm:time_to_first_token_seconds_bucket{w})))"
     fired = f'max by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}{w}))'
     return {
@@ -77,6 +83,7 @@ def figures(prometheus: str, minutes: int) -> dict:
         "lowest_limit": scalar(prometheus, f"min(min_over_time(batchlens_batch_limit{w}))"),
         "actions": {k: round(v) for k, v in actions.items()},
         "pages": {k: round(v) for k, v in pages.items()},
+        "moves": {k: round(v) for k, v in moves.items()},
         "alerts": sorted(by_label(prometheus, fired, "alertname")),
     }
 
@@ -110,6 +117,10 @@ def main() -> int:
     return 0
 
 
+def counts(found: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(found.items())) or "none"
+
+
 ROWS = (
     ("requests finished", lambda f: f"{f['finished']:.0f}"),
     ("refused at the door (503)", lambda f: f"{f['shed']:.0f} ({f['shed_share']:.0%} of arrivals)"),
@@ -117,8 +128,9 @@ ROWS = (
     ("token gaps <= 0.1 s", lambda f: f"{f['itl_share']:.1%}"),
     ("goodput, estimated (good requests/s)", lambda f: f"{f['goodput']:.2f}"),
     ("P99 TTFT of the admitted", lambda f: f"{f['p99_ttft']:.1f} s"),
-    ("the hook's decisions", lambda f: ", ".join(f"{k} x{v}" for k, v in sorted(f["actions"].items())) or "none"),
-    ("pages", lambda f: ", ".join(f"{k} x{v}" for k, v in sorted(f["pages"].items())) or "none"),
+    ("the hook's actions (since its start)", lambda f: counts(f["actions"])),
+    ("the controller's moves (since its start)", lambda f: counts(f["moves"])),
+    ("pages (since its start)", lambda f: counts(f["pages"])),
     ("the lowest limit", lambda f: f"{f['lowest_limit']:.0f}"),
     ("alerts fired", lambda f: ", ".join(f["alerts"]) or "none"),
 )
