@@ -179,12 +179,19 @@ def test_the_plugin_middleware_counts_generation_requests_and_streams():
     assert value("batchlens_request_interarrival_seconds_count") == 1  # two arrivals, one gap
     assert len(sent) == 4  # every answer still goes out
     # The plugin's door refuses a generation request before the app sees it: vLLM's 503, with its Retry-After.
+    # The door gets the request's priority from its header, and the refusal is counted in the header's class.
     door.reason, sent[:] = "max_num_queued_tokens", []
-    asyncio.run(middleware({"type": "http", "method": "POST", "path": "/v1/completions"}, None, send))
+    header = (b"x-batchlens-priority", b"-2")
+    sheddable = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [header]}
+    asyncio.run(middleware(sheddable, None, send))
     start, body = sent
     assert start["status"] == 503 and (b"retry-after", b"7") in start["headers"], start
     assert json.loads(body["body"])["error"]["message"].startswith("The engine has reached its prefill token")
     assert value("batchlens_requests_total", {"stream": "false"}) == 1  # refused: never answered by the app
+    assert door.priorities == [0, 0, -2]  # no header: standard
+    assert value("batchlens_door_requests_total", {"priority_class": "standard"}) == 2
+    assert value("batchlens_door_refusals_total", {"priority_class": "sheddable"}) == 1
+    assert value("batchlens_door_refusals_total", {"priority_class": "standard"}) == 0
     asyncio.run(middleware({"type": "http", "method": "GET", "path": "/metrics"}, None, send))
     assert sent[-1]["status"] == 200  # nothing but generation requests goes through the door
 
@@ -192,9 +199,12 @@ def test_the_plugin_middleware_counts_generation_requests_and_streams():
 class Door:
     """The admission door as the middleware asks it (the plugin's AdminService in vLLM): a verdict per request."""
 
-    reason: str | None = None
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.priorities: list[int] = []  # each request's door priority, as the middleware read it
 
-    def refusal(self) -> str | None:
+    def refusal(self, priority: int) -> str | None:
+        self.priorities.append(priority)
         return self.reason
 
     def retry_after(self) -> int:

@@ -128,10 +128,10 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
         deadline = time.monotonic() + 60
         while statuses[503] < 20 and time.monotonic() < deadline:
             time.sleep(0.2)
+        running, _ = batch_gauges(vllm_server)  # read first: the sheddable requests below take their time
+        kv = sum(pick(parse_samples(vllm_server.metrics_text()), "vllm:kv_cache_usage_perc").values())
         # A sheddable request meets half the cap, refused by the plugin before vLLM sees it: vLLM never counts it.
         shed = [completion_status(vllm_server, [], priority=-1) for _ in range(3)]
-        running, _ = batch_gauges(vllm_server)
-        kv = sum(pick(parse_samples(vllm_server.metrics_text()), "vllm:kv_cache_usage_perc").values())
     finally:
         set_caps(session_admin, max_num_queued_reqs=None)
         stop.set()
