@@ -27,9 +27,10 @@ from batchlens.control.signals import EngineSample, Histogram, Window, read_samp
 SETTINGS = AdmissionSettings(ttft_seconds=2.0, margin=0.8, min_windows=3, stale_seconds=60.0)
 
 
-def sample(t: float, prompt_tokens: float, waiting: float, finished: float = 0) -> EngineSample:
+def sample(t: float, prompt_tokens: float, waiting: float, finished: float = 0, rejected: float = 0) -> EngineSample:
     return EngineSample(t, running=8, waiting=waiting, kv_usage=0.5, generated_tokens=0, preemptions=0,
-                        ttft=Histogram(), itl=Histogram(), prompt_tokens=prompt_tokens, finished=finished)  # fmt: skip
+                        ttft=Histogram(), itl=Histogram(), prompt_tokens=prompt_tokens, finished=finished,
+                        rejected=rejected)  # fmt: skip
 
 
 def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str) -> None:
@@ -38,6 +39,10 @@ def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str
     assert saturated(busy, 2.0) == Saturated(2.0, 2000, finished_per_second=5.0)
     assert saturated(window(sample(0, 1000, 0), sample(2, 5000, 0)), 2.0) is None  # the arrivals, not capacity
     assert saturated(window(sample(0, 1000, 3), sample(2, 1000, 3)), 2.0) is None  # waiting, nothing prefilled
+    # Nobody waiting at the sample, but the door refused some in the window: it is holding the queue down, and
+    # the window measures the engine as much as one with a queue (else the door opens on an overloaded engine).
+    refusing = window(sample(0, 1000, 0), sample(2, 5000, 0, finished=10, rejected=4))
+    assert refusing.rejected_per_second == 2 and saturated(refusing, 2.0) == Saturated(2.0, 2000, 5.0)
     assert read_sample(vllm_exposition, 0).prompt_tokens > 0  # vLLM's own counter, vllm:prompt_tokens_total
 
 

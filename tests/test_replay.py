@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from batchlens.control.signals import read_sample
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
 from batchlens.replay.output import arrival_rate, figure, rows, table
-from batchlens.replay.policies import Static, oracle_limits, parse_policy
+from batchlens.replay.policies import Admitting, Static, oracle_limits, parse_policy
 from batchlens.replay.simulated import Run, ShedSample, oracle, replay, turned_away, would_have_been_good
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
 from batchlens.simulator.engine import Engine, SimRequest
@@ -334,3 +335,17 @@ def test_past_capacity_admission_sheds_at_the_door_and_the_ones_it_admits_do_bet
     assert f"admit: {admit.shed} of {len(trace)} requests shed at the door" in shown, shown
     row = rows([admit])[0]
     assert (row["shed"], row["false_sheds"], row["refused"]) == (admit.shed, admit.false_sheds, 0)
+
+
+def test_a_shed_is_counted_in_vllms_rejection_counter_the_policy_reads_as_live() -> None:
+    """The policy sees each shed in vllm:admission_rejections_total at its next tick, as the controller reads a
+    live engine's; without it the replay's door would never count a window with refusals as saturated."""
+    seen: list[float] = []
+
+    class Watching(Admitting):
+        def decide(self, signals):
+            seen.append(read_sample(signals.exposition, signals.now).rejected)
+            return super().decide(signals)
+
+    admit = replay(poisson(8, 40), engine(), Watching(SLO, Static()), SLO)
+    assert admit.shed > 0 and seen == sorted(seen) and 0 < seen[-1] <= admit.shed

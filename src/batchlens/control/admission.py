@@ -6,9 +6,10 @@ backlog that cannot drain in time. vLLM refuses a request once the prompts still
 within its TTFT on average (vLLM's own advice for that flag). This module computes that cap, tick by tick,
 wide enough that what the door refuses would have missed its TTFT (:func:`spread`):
 
-- Prefill throughput is read only from windows where requests were waiting. Then the engine prefills as
-  fast as it admits, and the prompt tokens per second are the rate at which the queue drains. In a window
-  with nothing waiting they are only the arrival rate, which says nothing of capacity.
+- Prefill throughput is read only from windows where requests were waiting, or refused at the door. Then the
+  engine prefills as fast as it admits, and the prompt tokens per second are the rate at which the queue
+  drains. In a window with nothing waiting and nothing refused they are only the arrival rate, which says
+  nothing of capacity.
 - The estimate is the median of the recent saturated windows, so one noisy window moves nothing.
 - The drain is not steady. A batch at its limit takes a waiting request in only as a running one finishes,
   and finishes come at random: the cap is the ``confidence`` quantile of what drains within a TTFT, not its
@@ -49,8 +50,11 @@ class Saturated:
 
 
 def saturated(window: Window, at: float) -> Saturated | None:
-    """The window's prefill rate, where it measures the engine (requests waiting, and some prefill done)."""
-    if window.waiting <= 0 or window.prompt_tokens_per_second <= 0:
+    """The window's prefill rate, where it measures the engine: some prefill done, with requests waiting or
+    refused at the door. Refusals count as much as a queue: with the door in force it keeps the queue short, and
+    a window whose sample found nobody waiting would otherwise not count, the estimate would run out of windows,
+    and the door would open on an engine still overloaded (seen: the breaker then halved to a cold start)."""
+    if (window.waiting <= 0 and window.rejected_per_second <= 0) or window.prompt_tokens_per_second <= 0:
         return None
     return Saturated(at, window.prompt_tokens_per_second, window.finished_per_second)
 

@@ -73,6 +73,8 @@ def replay(
                 run.refused += 1
             elif request.finish_reason == "shed":
                 run.shed += 1
+                if metrics is not None:  # counted as vLLM counts it: what the policy reads next tick, as live
+                    metrics.admission_rejections[SHED_REASON].inc()
                 if sample.takes(run.shed):
                     good = would_have_been_good(engine, request, requests[index:], now, cap, slo, max_model_len)
                     sample.add(run.shed, good)
@@ -102,6 +104,10 @@ def replay(
     if run.shed:
         run.false_sheds, run.false_shed_sample = sample.estimate(run.shed), len(sample.good)
     return run
+
+
+#: The replay's door holds the queued-token cap alone (an admitting policy's queued_token_cap).
+SHED_REASON = "max_num_queued_tokens"
 
 
 def cap_of(policy: Policy) -> int | None:
