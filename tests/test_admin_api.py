@@ -13,7 +13,7 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
-from batchlens.queued_caps import priority_class, priority_of, refusal
+from batchlens.queued_caps import plugin_refusal, priority_class, priority_of, refusal
 
 
 def status(fn, *args) -> int:
@@ -152,6 +152,30 @@ def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
 )
 def test_a_requests_door_priority_decides_when_it_is_refused(state, priority, refused) -> None:
     assert refusal(state, priority=priority) == refused
+
+
+@pytest.mark.parametrize(
+    ("priority", "vllm_caps", "refused"),
+    [
+        (-1, False, "max_num_queued_reqs"),  # the plugin's door: every class's rule
+        (0, False, "max_num_queued_reqs"),
+        (1, False, None),
+        (-1, True, "max_num_queued_reqs"),  # vLLM's caps: the plugin refuses only the sheddable class early
+        (0, True, None),  # ... vLLM refuses the standard and critical ones itself
+        (1, True, None),
+    ],
+)
+def test_the_plugin_refuses_every_class_where_it_keeps_the_door_and_only_the_sheddable_one_beside_vllm(
+    priority, vllm_caps, refused
+) -> None:
+    assert plugin_refusal(lambda: caps(reqs=4, unfinished=4), priority, vllm_caps) == refused
+
+
+def test_beside_vllms_caps_the_plugin_reads_no_state_for_the_classes_vllm_judges() -> None:
+    def unread() -> AdmissionState:
+        raise AssertionError("the caps were read on a request the plugin does not judge")
+
+    assert plugin_refusal(unread, 0, vllm_caps=True) is None and plugin_refusal(unread, 1, vllm_caps=True) is None
 
 
 @pytest.mark.parametrize(

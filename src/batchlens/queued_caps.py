@@ -15,6 +15,8 @@ cannot tell requests apart: there a critical request is refused at the caps like
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from batchlens.admin_api import AdmissionState
 
 #: vLLM's reasons, as its ``vllm:admission_rejections_total`` labels them, and the message its 503 carries.
@@ -58,6 +60,16 @@ def refusal(caps: AdmissionState, n: int = 1, priority: int = 0) -> str | None:
     if caps.max_num_queued_tokens is not None and caps.num_queued_tokens >= caps.max_num_queued_tokens * share:
         return "max_num_queued_tokens"
     return None
+
+
+def plugin_refusal(caps: Callable[[], AdmissionState], priority: int, vllm_caps: bool) -> str | None:
+    """What the plugin's middleware refuses before vLLM reads the request. Where it keeps the door itself (no
+    ``vllm_caps``, before 0.29) every class's rule; where vLLM's own caps do, only the sheddable class's early
+    refusal: vLLM then refuses standard and critical requests alike at the caps. ``caps`` is read only where
+    the plugin judges: on every request, that is work on vLLM's serving path."""
+    if vllm_caps and priority >= 0:
+        return None
+    return refusal(caps(), priority=priority)
 
 
 def refusal_body(reason: str) -> dict[str, object]:

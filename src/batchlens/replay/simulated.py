@@ -28,6 +28,9 @@ from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.vllm_metrics import VllmMetrics
 
+#: The replay's door holds the queued-token cap alone (an admitting policy's queued_token_cap).
+SHED_REASON = "max_num_queued_tokens"
+
 
 @dataclass
 class Run:
@@ -104,10 +107,6 @@ def replay(
     if run.shed:
         run.false_sheds, run.false_shed_sample = sample.estimate(run.shed), len(sample.good)
     return run
-
-
-#: The replay's door holds the queued-token cap alone (an admitting policy's queued_token_cap).
-SHED_REASON = "max_num_queued_tokens"
 
 
 def cap_of(policy: Policy) -> int | None:

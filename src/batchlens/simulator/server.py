@@ -39,7 +39,7 @@ from batchlens.admin_api import (
 )
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
-from batchlens.queued_caps import PRIORITY_HEADER, priority_class, priority_of, refusal, refusal_body
+from batchlens.queued_caps import PRIORITY_HEADER, plugin_refusal, priority_class, priority_of, refusal, refusal_body
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
 from batchlens.simulator.engine import Engine, SimRequest
@@ -171,12 +171,13 @@ class Simulator:
         door_class = priority_class(priority)
         self.arrivals.arrived(time.monotonic(), door_class)
         state = self.admission()
-        # As the plugin and vLLM do: before any work for the request. vLLM's own caps cannot tell a critical
-        # request apart, and the plugin refuses sheddable ones before vLLM sees them, uncounted by vLLM.
+        # As the plugin, then vLLM, do: before any work for the request. Where vLLM keeps the caps, the plugin
+        # refuses only the sheddable class early (uncounted by vLLM), and vLLM refuses every other class alike.
         vllm_door = series_of(self.vllm_version) >= QUEUED_CAPS
-        if (reason := refusal(state, priority=min(priority, 0) if vllm_door else priority)) is not None:
+        by_plugin = plugin_refusal(lambda: state, priority, vllm_caps=vllm_door)
+        if (reason := by_plugin or (refusal(state) if vllm_door else None)) is not None:
             self.arrivals.refused(door_class)
-            if not (vllm_door and priority < 0):
+            if not (vllm_door and by_plugin):  # vLLM's counter: its own refusals, or the plugin door's before 0.29
                 self.metrics.admission_rejections[reason].inc()
             refused = web.json_response(refusal_body(reason), status=503)
             refused.headers["Retry-After"] = str(retry_after(state))  # as the plugin adds it to vLLM's 503

@@ -39,7 +39,7 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
-from batchlens.queued_caps import refusal
+from batchlens.queued_caps import plugin_refusal
 from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
@@ -132,14 +132,12 @@ class AdminService:
         only the sheddable ones it must refuse first (counted in batchlens_door_refusals_total alone: vLLM's
         counter is vLLM's).
         """
-        if isinstance(self._door, PluginDoor):
-            reason = refusal(self._admission(self._door), priority=priority)
-            if reason is not None:
-                self._door.rejections[reason].inc()
-            return reason
-        if isinstance(self._door, VllmDoor) and priority < 0:
-            return refusal(self._admission(self._door), priority=priority)
-        return None
+        if (door := self._door) is None:
+            return None
+        reason = plugin_refusal(lambda: self._admission(door), priority, vllm_caps=isinstance(door, VllmDoor))
+        if reason is not None and isinstance(self._door, PluginDoor):
+            self._door.rejections[reason].inc()
+        return reason
 
     async def admission(self) -> AdmissionState:
         return self._admission(self._open_door())
