@@ -41,7 +41,13 @@ baseline. Each tick, in this order:
    (KV re-reads thrashing L2, prefill stalls) the pace can stay within the
    SLO while each step of growth lengthens the queue: only tokens/s shows it.
    A flat throughput is not a fall: under overload a bigger batch still
-   admits more requests within their TTFT.
+   admits more requests within their TTFT. Nor is a noisy window at the same
+   binding limit: a peak seen while the limit bound shows that limit (its
+   batch is the limit less the turnover), and only growth past it can have
+   gone past the peak. At a cold start on a real vLLM one window at a
+   binding 12 made a peak at a batch of 10, the next ones fell below it, and
+   the law cut to 11 and held there under a queue. A peak seen while the
+   limit did not bind is a smaller batch's own.
 7. **Headroom.** Requests wait behind a full batch and the pace has room under
    the SLO: far below it, double (slow start, bounded by ``max_step``); nearer,
    add sqrt(limit) (slow increase, Envoy's headroom). On an engine that has
@@ -114,6 +120,9 @@ class Peak:
 
     batch: float
     tokens_per_second: float
+    # The smallest limit it was seen binding under (requests waiting behind a full batch), 0 where none bound:
+    # a batch under a binding limit is the limit's, less the turnover, so a fall from it needs growth past it.
+    limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,11 +177,11 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         state = replace(state, stepped=now)
         return _move(state, math.floor(limit * KEEP_UP_CUT), now + tuning.drain_seconds, "keep_up", tuning, now)
     if tuning.past_peak is not None and batch >= 1:
-        state = _remember_peak(state, batch, w.tokens_per_second)
+        state = _remember_peak(state, batch, w.tokens_per_second, state.limit if saturated else 0)
         peak = state.peak
         # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
         # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
-        fell = (settled and saturated and batch > PEAK_BATCH_SPAN * peak.batch and peak.batch < limit
+        fell = (settled and saturated and batch > PEAK_BATCH_SPAN * peak.batch and peak.limit < limit
                 and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second)  # fmt: skip
         state = replace(state, below=state.below + 1 if fell else 0)
         if state.below >= 2:
@@ -238,17 +247,19 @@ def _learn(state: State, w: Window, settled: bool, tuning: Tuning) -> State:
     return replace(state, capacity=Capacity(slope, demand))
 
 
-def _remember_peak(state: State, batch: float, tokens_per_second: float) -> State:
+def _remember_peak(state: State, batch: float, tokens_per_second: float, bound: int) -> State:
     """The throughput peak: a higher rate anywhere replaces it; seen again at its batch, it is averaged.
 
     It is never forgotten by age alone: a peak learned again at a batch past the real one would let the
     law grow on and never come back. When the mix changes, re-measuring at the peak's batch corrects it.
+    ``bound``: the limit that bound the window's batch, 0 where none did.
     """
     peak = state.peak
     if peak is not None and abs(batch - peak.batch) <= (PEAK_BATCH_SPAN - 1) * peak.batch:
-        return replace(state, peak=Peak(peak.batch, (peak.tokens_per_second + tokens_per_second) / 2))
+        rate = (peak.tokens_per_second + tokens_per_second) / 2
+        return replace(state, peak=Peak(peak.batch, rate, min(peak.limit, bound)))
     if peak is None or tokens_per_second > peak.tokens_per_second:
-        return replace(state, peak=Peak(batch, tokens_per_second))
+        return replace(state, peak=Peak(batch, tokens_per_second, bound))
     return state
 
 

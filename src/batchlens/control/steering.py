@@ -64,8 +64,9 @@ class Steering:
         if data.get("limit") is None:
             return live
         peak = data.get("peak")
-        # A peak stored with the time it was last seen (older stores) loads without it.
-        peak = None if peak is None else Peak(peak["batch"], peak["tokens_per_second"])
+        # A peak stored with the time it was last seen (older stores) loads without it; one stored without the
+        # limit it was seen under loads as seen under any (0), as the law judged it then.
+        peak = None if peak is None else Peak(peak["batch"], peak["tokens_per_second"], peak.get("limit", 0))
         # A store from before the capacity model, or with one it cannot read, loads without it: the model is
         # learned again in a minute of windows, and a broken one must not stop the controller.
         try:
