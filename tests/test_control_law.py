@@ -118,6 +118,9 @@ PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no t
             18,
             "slow_start",
         ),
+        # a peak whose batch is over this limit: back to it would be growth, not a cut (the simulator's e2e
+        # once went 36 -> 54 on a window whose inferred batch, 60, overlapped the drain from a larger limit)
+        (State(36, peak=Peak(50, 3000), below=1), w(running=36, waiting=10, pace=0.05, tps=1200), 100, 42, "headroom"),
         # a burst of arrivals under the limit (nothing waits) lowers tokens/s with its prefills: not a fall
         (State(135, peak=Peak(79, 2881), below=1), w(running=126, pace=0.062, tps=2067), 100, 135, "steady"),
         # a window that began before the batch settled (the limit moved at 99) says nothing of tokens/s
@@ -180,7 +183,7 @@ def situations(draw) -> tuple[State, Window, float]:
     limit, now = draw(st.integers(2, 64)), draw(st.floats(100, 1e6))
     hold = draw(st.one_of(st.just(0.0), st.floats(now - 10, now + 10)))
     since = now - draw(st.floats(0, 30))
-    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4))))
+    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4), st.integers(0, 64))))
     ceiling = draw(st.one_of(st.none(), st.integers(2, 64)))
     state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)),
                   draw(st.sampled_from(CAPACITIES)), now - draw(st.floats(0, 60)))  # fmt: skip

@@ -181,7 +181,9 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         peak = state.peak
         # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
         # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
-        fell = (settled and saturated and batch > PEAK_BATCH_SPAN * peak.batch and peak.limit < limit
+        # Back to the peak's batch must be a cut, and past a limit that bound the peak.
+        fell = (settled and saturated and batch > PEAK_BATCH_SPAN * peak.batch
+                and max(peak.batch, peak.limit) < limit
                 and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second)  # fmt: skip
         state = replace(state, below=state.below + 1 if fell else 0)
         if state.below >= 2:
