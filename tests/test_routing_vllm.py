@@ -88,7 +88,9 @@ def test_priority_reaches_vllm_through_litellm_and_each_class_its_engine(stack) 
             errors.append(exc)
 
     # "busy" takes vLLM's only slot; then a main and an interactive request queue behind it, in that order.
-    threads = [threading.Thread(target=send, args=("busy", 600))]
+    # Its 1800 tokens (of the 2048 the engine takes) run 2.3 s on an idle CI machine: 600 once ran out
+    # before the interactive request was sent (0.8 s).
+    threads = [threading.Thread(target=send, args=("busy", 1800))]
     threads.append(threading.Thread(target=send, args=("main", 64)))
     threads.append(threading.Thread(target=send, args=("interactive", 64, INTERACTIVE)))
     sent = {}
