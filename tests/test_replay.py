@@ -349,3 +349,19 @@ def test_a_shed_is_counted_in_vllms_rejection_counter_the_policy_reads_as_live()
 
     admit = replay(poisson(8, 40), engine(), Watching(SLO, Static()), SLO)
     assert admit.shed > 0 and seen == sorted(seen) and 0 < seen[-1] <= admit.shed
+
+
+def test_a_steering_policy_reads_the_idle_engine_at_the_start_and_decides_at_its_first_tick() -> None:
+    """As a live controller reads an engine before the load comes, the replay samples the idle engine at the
+    start: the first window ends at the first tick (2 s), not the second. Read at 2 s first, every steered run
+    began with 4 s at its start limit (the published profile's steady load lost 3% of its requests there)."""
+    ticks: list[float] = []
+
+    class Watching(Admitting):
+        def decide(self, signals):
+            ticks.append(signals.now)
+            return super().decide(signals)
+
+    run = replay(poisson(8, 10), engine(), Watching(SLO, parse_policy("adaptive", SLO)), SLO)
+    assert ticks[0] < 0.5 and 2.0 <= ticks[1] < 2.5, ticks[:3]
+    assert run.limits[1][0] == ticks[1], f"a queue from the start: slow start at the first window, {run.limits}"

@@ -66,7 +66,9 @@ def replay(
     metrics = VllmMetrics(engine, "replay") if policy.wants_metrics else None
     tick = policy.tick_seconds if steers else tick
     sample = ShedSample()
-    now, index, next_tick = 0.0, 0, tick
+    # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
+    # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
+    now, index, next_tick = 0.0, 0, 0.0 if steers else tick
     while index < len(requests) or engine.running or engine.waiting:
         while index < len(requests) and requests[index].arrival <= now:
             request = requests[index]
