@@ -135,8 +135,8 @@ class AdminService:
         if (door := self._door) is None:
             return None
         reason = plugin_refusal(lambda: self._admission(door), priority, vllm_caps=isinstance(door, VllmDoor))
-        if reason is not None and isinstance(self._door, PluginDoor):
-            self._door.rejections[reason].inc()
+        if reason is not None and isinstance(door, PluginDoor):
+            door.rejections[reason].inc()
         return reason
 
     async def admission(self) -> AdmissionState:
