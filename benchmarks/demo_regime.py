@@ -28,7 +28,7 @@ from batchlens.replay.policies import Adaptive, Admitting, Policy
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
-from controller import policy, ratio, versus_best
+from controller import ceiling, policy, ratio, versus_best
 
 POLICIES = ("default", "breaker", "adaptive", "admit", "adaptive+admit")
 MAX_NUM_SEQS = 64  # the demo's engine (batchlens demo --max-num-seqs)
@@ -75,7 +75,7 @@ def main() -> None:
         best_rps = best.judgement.goodput_rps
         adaptive.append(ratio(runs["adaptive"].judgement.goodput_rps, best_rps))
         both.append(ratio(runs["adaptive+admit"].judgement.goodput_rps, best_rps))
-        print(f"{rate:5.2f} {len(trace):8d} {len(trace) / args.seconds:7.2f} "
+        print(f"{rate:5.2f} {len(trace):8d} {ceiling(trace):7.2f} "
               + " ".join(f"{r.judgement.goodput_rps:9.3f}" for r in runs.values())
               + f" {best.policy:>9} {best_rps:7.3f} {adaptive[-1]:10.2f} {both[-1]:12.2f}"
               f" {runs['adaptive+admit'].shed / len(trace):6.1%} {time.perf_counter() - started:6.0f}")  # fmt: skip
