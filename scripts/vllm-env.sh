@@ -39,10 +39,12 @@ fi
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 # Load the kernels the way vLLM does: its x86 wheels carry one library per instruction set (_C needs
 # AVX-512 and dies with SIGILL on an AVX2-only CPU), and the platform picks the one this CPU runs.
+# Releases before import_kernels (0.10, 0.11) carry one library, loaded by importing it.
 "$VENV/bin/python" -c "
-import torch, vllm
+import importlib, torch, vllm
 from vllm.platforms import current_platform
-current_platform.import_kernels()
+load = getattr(current_platform, 'import_kernels', None)
+load() if load else importlib.import_module('vllm._C')
 assert hasattr(torch.ops._C, 'rms_norm'), 'vLLM kernels did not load'
 print('vllm-env: import vllm OK,', vllm.__version__, 'on', torch.backends.cpu.get_cpu_capability())"
 touch "$VENV/.batchlens-ok"
