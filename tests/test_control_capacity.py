@@ -88,6 +88,14 @@ def test_demand_is_arrivals_times_the_tokens_a_request_takes() -> None:
     assert later.arrived_per_second == pytest.approx((4 + 2 + 2 + 4) / 2), "finished + refused + grown"
 
 
+def test_the_prefill_share_is_the_prompt_tokens_of_all_processed_and_ages_with_the_demand() -> None:
+    assert math.isnan(Demand().prefill_share()), "nothing processed yet: unknown, not 0"
+    code = Demand().observe(10, arrived=5, finished=5, tokens=140, prompted=10_000)  # prompts of 2000, answers of 28
+    assert code.prefill_share() == pytest.approx(10_000 / 10_140)
+    aged = code.decayed(0.5).observe(10, arrived=5, finished=5, tokens=800, prompted=3000)  # a chat minute
+    assert aged.prefill_share() == pytest.approx(8000 / (8000 + 870)), "old windows count for less"
+
+
 @pytest.mark.parametrize(
     ("state", "win", "limit", "reason"),
     [

@@ -69,6 +69,10 @@ def test_a_real_vllm_exposition_reads_into_a_sample(vllm_exposition: str) -> Non
 
 TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
 PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no time, so age never forgets it
+# A minute of demand under what is served (so keep_up stays out), with 40 prompt tokens to a generated one (the
+# Azure code trace's mix) and with 4 (chat).
+PREFILL_MIX = Capacity(demand=Demand().observe(60, arrived=300, finished=600, tokens=60_000, prompted=2_400_000))
+CHAT_MIX = Capacity(demand=Demand().observe(60, arrived=300, finished=600, tokens=60_000, prompted=240_000))
 
 
 @pytest.mark.parametrize(
@@ -101,6 +105,9 @@ PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no t
         (State(20), w(running=18, waiting=5, pace=0.05), 100, 25, "headroom"),
         # a queue, but the pace is near the SLO: stay
         (State(16), w(running=16, waiting=5, pace=0.095), 100, 16, "steady"),
+        # ... on a prefill-bound mix, one slot at a time: the step's prompts would stall every decode at once
+        (State(32, capacity=PREFILL_MIX), w(running=32, waiting=12, pace=0.02), 100, 33, "headroom"),
+        (State(32, capacity=CHAT_MIX), w(running=32, waiting=12, pace=0.02), 100, 48, "slow_start"),
         # bounds: never above max_limit, never below min_limit
         (State(64), w(running=64, waiting=50, pace=0.02), 100, 64, "slow_start"),
         (State(8), w(running=8, waiting=50, pace=0.02), 100, 12, "slow_start"),  # doubling, within max_step
@@ -173,7 +180,7 @@ def capacity_of(short: bool, limits=(30, 35, 40, 45, 50) * 4) -> Capacity:
     return Capacity(slope, Demand().observe(60, arrived=asked * 60 / 100, finished=10 * 60, tokens=1000 * 60))
 
 
-CAPACITIES = (None, capacity_of(True), capacity_of(True, (8, 10, 12, 14) * 5), capacity_of(False))
+CAPACITIES = (None, capacity_of(True), capacity_of(True, (8, 10, 12, 14) * 5), capacity_of(False), PREFILL_MIX)
 
 
 @st.composite

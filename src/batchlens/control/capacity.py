@@ -128,12 +128,15 @@ class Demand:
     arrived: float = 0.0  # requests
     finished: float = 0.0  # requests
     tokens: float = 0.0  # tokens generated
+    prompted: float = 0.0  # prompt tokens prefilled
 
     def decayed(self, factor: float) -> Demand:
-        return Demand(self.seconds * factor, self.arrived * factor, self.finished * factor, self.tokens * factor)
+        return Demand(self.seconds * factor, self.arrived * factor, self.finished * factor, self.tokens * factor,
+                      self.prompted * factor)  # fmt: skip
 
-    def observe(self, seconds: float, arrived: float, finished: float, tokens: float) -> Demand:
-        return Demand(self.seconds + seconds, self.arrived + arrived, self.finished + finished, self.tokens + tokens)
+    def observe(self, seconds: float, arrived: float, finished: float, tokens: float, prompted: float = 0.0) -> Demand:
+        return Demand(self.seconds + seconds, self.arrived + arrived, self.finished + finished, self.tokens + tokens,
+                      self.prompted + prompted)  # fmt: skip
 
     def asked(self) -> float:
         """Tokens/s asked of the engine: arrivals/s x the tokens a finished request took; NaN before any finished."""
@@ -144,6 +147,11 @@ class Demand:
     def served(self) -> float:
         """Tokens/s the engine gave; NaN before any window."""
         return self.tokens / self.seconds if self.seconds > 0 else math.nan
+
+    def prefill_share(self) -> float:
+        """Of the tokens the engine processed, the share that were prompt tokens; NaN before any."""
+        total = self.prompted + self.tokens
+        return self.prompted / total if total > 0 else math.nan
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,13 @@ baseline. Each tick, in this order:
    the SLO: far below it, double (slow start, bounded by ``max_step``); nearer,
    add sqrt(limit) (slow increase, Envoy's headroom). On an engine that has
    shown a fall, growth is always the slow kind, and waits for a settled
-   window before each step: probe, then measure.
+   window before each step: probe, then measure. On a prefill-bound mix
+   (``PREFILL_BOUND``: long prompts, short answers) growth is one slot a tick:
+   there a bigger batch buys next to no tokens/s, and a step lets a burst's
+   prompts in together, whose prefills stall every running decode past the
+   SLO before the next window can show it (a pace of 33 ms at 31 running
+   became 105 ms at 48 on the Azure code trace). One at a time, each step's
+   cost shows before the next.
 
 A replayed run starts at ``start_limit``, an eighth of the capacity unless
 set: a burst into an engine whose gate is wide open ruins every request in
@@ -108,6 +114,9 @@ KEEP_UP_SLOPE = 1.1
 KEEP_UP_CUT = 0.85  # a keep_up step: small, since the slope is learned where the law has been
 KEEP_UP_DWELL = 10.0  # seconds at a limit before the next keep_up step
 KEEP_UP_PROBE = 30.0  # ... where the slope is over KEEP_UP_SLOPE but not surely, or unknown: since the last step
+# A mix whose prompt tokens are this share of all it processes (19 prompt tokens to a generated one, as in the
+# Azure code trace: prompts of 2,000 tokens, answers of 28) is prefill-bound: growth there is one slot a tick.
+PREFILL_BOUND = 0.95
 PEAK_BATCH_SPAN = 1.1  # batches within 10% of the peak's are the peak's; a fall needs a batch 10% larger
 
 
@@ -201,16 +210,26 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         return Decision(state, "steady")  # growth would serve fewer tokens/s, and they fall short already
     if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
         # Far below the SLO (slow start): double; near it, or on an engine that has shown a throughput
-        # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds.
+        # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds; on a prefill-bound
+        # mix: + 1.
         if state.ceiling is not None and not settled:
             return Decision(state, "steady")  # probe, then measure: growth past a peak must show its tokens/s
         capped = state.ceiling is not None and now < state.ceiling_until
-        far = state.ceiling is None and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2)
-        target = 2 * limit if far else limit + math.ceil(math.sqrt(limit))
+        prefill = _prefill_bound(state)
+        far = (not prefill and state.ceiling is None
+               and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2))  # fmt: skip
+        target = limit + 1 if prefill else 2 * limit if far else limit + math.ceil(math.sqrt(limit))
         if capped:  # up to just under the ceiling, and never down: headroom is no reason to cut
             target = max(limit, min(target, state.ceiling - 1))
         return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning, now)
     return Decision(state, "steady")
+
+
+def _prefill_bound(state: State) -> bool:
+    """Whether the engine's mix is prefill-bound: prompt tokens PREFILL_BOUND or more of what it processed over
+    the last ``demand_seconds`` (unknown before the capacity model has a window: not bound)."""
+    share = math.nan if state.capacity is None else state.capacity.demand.prefill_share()
+    return not math.isnan(share) and share >= PREFILL_BOUND
 
 
 def _keep_up(state: State, pace: float, settled: bool, dwelt: float, now: float, slo: Slo,
@@ -241,7 +260,8 @@ def _learn(state: State, w: Window, settled: bool, tuning: Tuning) -> State:
         return state
     capacity = (state.capacity or Capacity()).aged(w.seconds, tuning.slope_seconds, tuning.demand_seconds)
     demand = capacity.demand.observe(w.seconds, w.arrived_per_second * w.seconds,
-                                     w.finished_per_second * w.seconds, w.tokens_per_second * w.seconds)  # fmt: skip
+                                     w.finished_per_second * w.seconds, w.tokens_per_second * w.seconds,
+                                     w.prompt_tokens_per_second * w.seconds)  # fmt: skip
     slope = capacity.slope
     full = 0.9 * state.limit <= w.running <= state.limit  # over it, the old batch still drains: not this limit's
     if settled and full and w.waiting > 0 and w.itl.count > 0 and w.itl.mean > 0:
