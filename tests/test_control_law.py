@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from batchlens.config import Control
 from batchlens.control.capacity import Capacity, Demand, PaceSlope
-from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace
+from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace, prefill_bound
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
 from batchlens.control.steering import Steering, bounds_said, steer, tuning
@@ -144,6 +144,11 @@ def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int,
         assert decision.state.hold_until == now + TUNING.drain_seconds
     if reason == "past_peak":
         assert decision.state.ceiling == state.limit and decision.state.ceiling_until == now + TUNING.peak_seconds
+
+
+def test_a_mix_is_prefill_bound_only_once_the_model_has_seen_one() -> None:
+    assert prefill_bound(PREFILL_MIX) and not prefill_bound(CHAT_MIX)
+    assert not prefill_bound(None) and not prefill_bound(Capacity()), "no window yet: unknown is not bound"
 
 
 def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages_it() -> None:

@@ -215,7 +215,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         if state.ceiling is not None and not settled:
             return Decision(state, "steady")  # probe, then measure: growth past a peak must show its tokens/s
         capped = state.ceiling is not None and now < state.ceiling_until
-        prefill = _prefill_bound(state)
+        prefill = prefill_bound(state.capacity)
         far = (not prefill and state.ceiling is None
                and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2))  # fmt: skip
         target = limit + 1 if prefill else 2 * limit if far else limit + math.ceil(math.sqrt(limit))
@@ -225,10 +225,10 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
     return Decision(state, "steady")
 
 
-def _prefill_bound(state: State) -> bool:
+def prefill_bound(capacity: Capacity | None) -> bool:
     """Whether the engine's mix is prefill-bound: prompt tokens PREFILL_BOUND or more of what it processed over
     the last ``demand_seconds`` (unknown before the capacity model has a window: not bound)."""
-    share = math.nan if state.capacity is None else state.capacity.demand.prefill_share()
+    share = math.nan if capacity is None else capacity.demand.prefill_share()
     return not math.isnan(share) and share >= PREFILL_BOUND
 
 
