@@ -11,7 +11,8 @@ limit law once fell to 0.05 of it. Per scale it prints the ceiling (every reques
 `default`, `adaptive` (the limit alone) and `adaptive+admit` (with the queued-token cap), the best static
 limit (batchlens.replay.simulated.oracle), the ratios to it, and the share shed with the share of those
 that would have been good. Each --start is a slice of the trace, replayed at every scale: the first slice is
-the one the law was tuned near, the others are held out (nobody tunes to them). The last lines give the
+the one the law was tuned near, the others hold it out, except where docs/admission.md says a slice was used
+to find a change (the code trace's, since 2026-12-05). The last lines give the
 ratios' minimum and median over every slice and scale. The traces are not part of batchlens: download them
 (https://github.com/Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv).
 """

@@ -114,8 +114,9 @@ KEEP_UP_SLOPE = 1.1
 KEEP_UP_CUT = 0.85  # a keep_up step: small, since the slope is learned where the law has been
 KEEP_UP_DWELL = 10.0  # seconds at a limit before the next keep_up step
 KEEP_UP_PROBE = 30.0  # ... where the slope is over KEEP_UP_SLOPE but not surely, or unknown: since the last step
-# A mix whose prompt tokens are this share of all it processes (19 prompt tokens to a generated one, as in the
-# Azure code trace: prompts of 2,000 tokens, answers of 28) is prefill-bound: growth there is one slot a tick.
+# A mix whose prompt tokens are this share of all it processes (19 or more prompt tokens to a generated one; the
+# Azure code trace has about 70: prompts of 2,000 tokens, answers of 28) is prefill-bound: growth there is one slot
+# a tick.
 PREFILL_BOUND = 0.95
 PEAK_BATCH_SPAN = 1.1  # batches within 10% of the peak's are the peak's; a fall needs a batch 10% larger
 
