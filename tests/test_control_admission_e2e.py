@@ -39,7 +39,9 @@ def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_the_breaker_
                                        "slo": {"ttft_seconds": TTFT, "tpot_seconds": 1.0},
                                        "breaker": {"cooldown_seconds": 0.5}},
                             env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
-    argv = [BATCHLENS, "load", "--url", sim.url, "--rate", str(6 * SPEED), "--duration", "20", "--arrival", "poisson",
+    # 30 s of load: the cap, the first refusals and three firings must all come while it runs, and on a busy machine
+    # (the full suite) the first cap has taken 13 s and the first refusal 19 s.
+    argv = [BATCHLENS, "load", "--url", sim.url, "--rate", str(6 * SPEED), "--duration", "30", "--arrival", "poisson",
             "--prompt-tokens", "1024,2048", "--output-tokens", "32,64", "--json"]  # fmt: skip
     load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
