@@ -83,7 +83,8 @@ def ceiling(trace: Sequence[TraceRequest]) -> float:
     """Every request good, in requests/s: goodput counts a run's seconds to its last answer, which comes after the
     last arrival, so no policy can pass this. (Not the slice's length: a slice of a real trace can end in a lull.)
     """
-    return len(trace) / max(r.t for r in trace) if trace and max(r.t for r in trace) > 0 else float("inf")
+    last = max((r.t for r in trace), default=0.0)
+    return len(trace) / last if last > 0 else float("inf")
 
 
 #: name -> (GPU, model, the steady rate: about 0.8x what it serves within the SLO, found by static sweeps)
