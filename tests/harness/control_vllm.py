@@ -127,15 +127,15 @@ def served_rate(folder: Path, server: VllmServer, seconds: float = 20) -> float:
     return run["throughput_tokens_s"] / (sum(OUTPUTS) / len(OUTPUTS))
 
 
-def steer(folder: Path, server: VllmServer, trace: Path, **control) -> Steered:
-    """The trace replayed with the controller steering from SMALL (``control`` adds to its settings); the
-    limit is put back to the capacity after."""
+def steer(folder: Path, server: VllmServer, trace: Path, start: int = SMALL, **control) -> Steered:
+    """The trace replayed with the controller steering from ``start`` (``control`` adds to its settings);
+    the limit is put back to the capacity after."""
     folder.mkdir(parents=True, exist_ok=True)
     admin = AdminClient(server.url, ADMIN_TOKEN)
     engines = [{"name": "cpu", "url": server.url}]
-    control = {"enabled": True, "interval_seconds": 0.5, "drain_seconds": 2, "start_limit": SMALL, **control}
+    control = {"enabled": True, "interval_seconds": 0.5, "drain_seconds": 2, "start_limit": start, **control}
     try:
-        admin.set_limit(SMALL)
+        admin.set_limit(start)
         hook = RemediateProcess(folder, {"engines": engines, "control": control,
                                          "slo": {"ttft_seconds": TTFT, "tpot_seconds": TPOT}},
                                 env={"BATCHLENS_ADMIN_TOKEN": ADMIN_TOKEN})  # fmt: skip
