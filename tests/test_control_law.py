@@ -132,9 +132,10 @@ CHAT_MIX = Capacity(demand=Demand().observe(60, arrived=300, finished=600, token
         (State(135, peak=Peak(79, 2881), below=1), w(running=126, pace=0.062, tps=2067), 100, 135, "steady"),
         # a window that began before the batch settled (the limit moved at 99) says nothing of tokens/s
         (State(48, peak=PEAK, below=1, since=99), w(running=48, waiting=9, pace=0.06, tps=800), 100, 55, "headroom"),
-        # ... and no growth to the limit that lowered it while the peak is remembered
-        (State(36, ceiling=40, ceiling_until=155), w(running=36, waiting=9, pace=0.05), 100, 39, "headroom"),
-        (State(36, ceiling=40, ceiling_until=99), w(running=36, waiting=9, pace=0.05), 100, 42, "headroom"),
+        # ... and, on an engine that has shown a fall, growth one slot at a time: with no door beside the limit,
+        # a step back past the peak builds a backlog that an engine this near its capacity never drains
+        (State(36, ceiling=40, ceiling_until=155), w(running=36, waiting=9, pace=0.05), 100, 37, "headroom"),
+        (State(36, ceiling=40, ceiling_until=99), w(running=36, waiting=9, pace=0.05), 100, 37, "headroom"),
     ],
 )
 def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int, reason: str) -> None:
@@ -144,6 +145,20 @@ def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int,
         assert decision.state.hold_until == now + TUNING.drain_seconds
     if reason == "past_peak":
         assert decision.state.ceiling == state.limit and decision.state.ceiling_until == now + TUNING.peak_seconds
+
+
+@pytest.mark.parametrize(
+    ("state", "limit"),
+    [
+        # no growth to the limit that lowered throughput while the fall is remembered, after it + sqrt(limit)
+        (State(36, ceiling=40, ceiling_until=155), 39),
+        (State(36, ceiling=40, ceiling_until=99), 42),
+        (State(32, capacity=PREFILL_MIX), 33),  # a prefill-bound mix: one slot, door or not
+    ],
+)
+def test_with_a_door_beside_it_the_law_regrows_past_a_fall_in_headroom_steps(state: State, limit: int) -> None:
+    decision = decide(state, w(running=state.limit, waiting=9, pace=0.05), 100, SLO, replace(TUNING, door=True))
+    assert (decision.limit, decision.reason) == (limit, "headroom")
 
 
 def test_a_mix_is_prefill_bound_only_once_the_model_has_seen_one() -> None:
@@ -195,7 +210,8 @@ def situations(draw) -> tuple[State, Window, float]:
     limit, now = draw(st.integers(2, 64)), draw(st.floats(100, 1e6))
     hold = draw(st.one_of(st.just(0.0), st.floats(now - 10, now + 10)))
     since = now - draw(st.floats(0, 30))
-    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4), st.integers(0, 64))))
+    bound = st.one_of(st.just(0), st.integers(0, 64))  # 0: a peak seen where no limit bound, as most are
+    peak = draw(st.one_of(st.none(), st.builds(Peak, st.floats(1, 64), st.floats(1, 1e4), bound)))
     ceiling = draw(st.one_of(st.none(), st.integers(2, 64)))
     state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)),
                   draw(st.sampled_from(CAPACITIES)), now - draw(st.floats(0, 60)))  # fmt: skip
@@ -221,10 +237,11 @@ REASONS = (
 
 @pytest.mark.parametrize("reason", REASONS)
 def test_every_branch_of_the_law_is_within_the_property_tests_reach(reason: str) -> None:
-    # A fixed seed: the search is the same on every run (a random one missed past_peak in 5000 draws once);
-    # the property tests below still draw at random.
+    # A fixed seed, and yet the search differed with what else pytest collected (test_replay.py beside it:
+    # past_peak missed in 5000 draws); a past_peak lies within 5000 draws for about 5 seeds in 6, so 20,000.
+    # The property tests below still draw at random.
     found = find(situations(), lambda s: decide(*s[:2], s[2], SLO, TUNING).reason == reason,
-                 settings=settings(max_examples=5000, deadline=None, database=None),
+                 settings=settings(max_examples=20_000, deadline=None, database=None),
                  random=Random(REASONS.index(reason)))  # fmt: skip
     assert decide(*found[:2], found[2], SLO, TUNING).reason == reason
 
@@ -342,6 +359,7 @@ def test_control_starts_where_the_engine_is_or_at_its_start_limit_and_decides_no
     bounded = tick(Steering(), control=Control(enabled=True, min_limit=40, max_limit=200), capacity=100)
     assert bounded.state.limit == 40
     assert tuning(Control(max_limit=500), 64).max_limit == 64
+    assert tuning(Control(admission=True), 64).door and not tuning(Control(), 64).door, "the law knows the door"
 
 
 def test_a_hand_on_the_knob_pauses_control_and_it_resumes_from_the_hand_after_the_hold() -> None:

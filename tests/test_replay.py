@@ -320,6 +320,9 @@ def test_past_capacity_admission_sheds_at_the_door_and_the_ones_it_admits_do_bet
     the queue is bounded: sheds count as not good, yet goodput rises and the admitted wait far less."""
     trace = poisson(8, 40)
     assert parse_policy("admit", SLO).name == "admit" and parse_policy("adaptive+admit", SLO).name == "adaptive+admit"
+    both, alone = parse_policy("adaptive+admit", SLO), parse_policy("adaptive", SLO)
+    both.initial(64), alone.initial(64)
+    assert both.limits.tuning.door and not alone.tuning.door, "the law beside the door regrows knowing it sheds"
     default = replay(trace, engine(), Static(), SLO)
     admit = replay(trace, engine(), parse_policy("admit", SLO), SLO)
     assert default.shed == 0 and default.false_sheds is None

@@ -31,7 +31,7 @@ from batchlens.control.admission import (
     saturated,
     worth_setting,
 )
-from batchlens.control.law import prefill_bound
+from batchlens.control.law import one_slot
 from batchlens.control.signals import EngineSample, Window, read_sample, window
 from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, steer
 from batchlens.exporter.http_get import HttpGetter
@@ -272,8 +272,9 @@ class Controller:
         capacity = tick.state.law.capacity if tick.state.law is not None else None
         if tick.reason == "keep_up" and capacity is not None and before.limit is not None:
             facts += "; " + capacity.said(before.limit)
-        if tick.reason == "headroom" and prefill_bound(capacity):
-            facts += f"; a prefill-bound mix ({capacity.demand.prefill_share():.0%} prompt tokens): one slot a tick"
+        why = one_slot(tick.state.law, self.control.admission) if tick.state.law is not None else None
+        if tick.reason == "headroom" and why:
+            facts += f"; {why}: one slot a tick"
         moved = f"starts at {tick.state.limit}" if before.limit is None else f"{before.limit} -> {tick.state.limit}"
         log.info("%s: limit %s (%s%s)%s", name, moved, tick.reason, facts,
                  " (dry run)" if self.control.dry_run else "")  # fmt: skip

@@ -93,7 +93,7 @@ def tuning(control: Control, capacity: int) -> Tuning:
     return Tuning(
         min_limit=min(control.min_limit, top), max_limit=top, kv_target=control.kv_target,
         drain_seconds=control.drain_seconds, max_step=control.max_step, past_peak=control.past_peak,
-        keep_up=control.keep_up,
+        keep_up=control.keep_up, door=control.admission,
     )  # fmt: skip
 
 

@@ -126,7 +126,10 @@ class Admitting:
     def initial(self, capacity: int) -> int:
         self.queued_token_cap, self._previous = None, None
         self._saturated.clear()
-        return self.limits.initial(capacity)
+        start = self.limits.initial(capacity)
+        if isinstance(self.limits, Adaptive) and self.limits.pid is None:  # the law grows knowing the door sheds
+            self.limits.tuning = replace(self.limits.tuning, door=True)
+        return start
 
     def decide(self, signals: Signals) -> int:
         sample = read_sample(signals.exposition, signals.now)
