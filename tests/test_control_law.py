@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from batchlens.config import Control
 from batchlens.control.capacity import Capacity, Demand, PaceSlope
-from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace, prefill_bound
+from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace, one_slot, prefill_bound
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, Window, read_sample, window
 from batchlens.control.steering import Steering, bounds_said, steer, tuning
@@ -159,6 +159,12 @@ def test_the_law_case_by_case(state: State, win: Window, now: float, limit: int,
 def test_with_a_door_beside_it_the_law_regrows_past_a_fall_in_headroom_steps(state: State, limit: int) -> None:
     decision = decide(state, w(running=state.limit, waiting=9, pace=0.05), 100, SLO, replace(TUNING, door=True))
     assert (decision.limit, decision.reason) == (limit, "headroom")
+
+
+def test_the_hook_is_told_why_growth_is_one_slot() -> None:
+    assert one_slot(State(32, capacity=PREFILL_MIX), door=True).startswith("a prefill-bound mix (98% prompt")
+    assert one_slot(State(36, ceiling=40), door=False).startswith("tokens/s fell at a limit of 40")
+    assert one_slot(State(36, ceiling=40), door=True) is None and one_slot(State(36), door=False) is None
 
 
 def test_a_mix_is_prefill_bound_only_once_the_model_has_seen_one() -> None:
