@@ -73,22 +73,38 @@ def test_the_admission_limit_caps_the_running_batch_at_every_step() -> None:
         e.set_limit(33)
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget() -> None:
+def prompt_tokens_counted(metrics: VllmMetrics) -> float:
+    [family] = [f for f in text_string_to_metric_families(metrics.render().decode()) if f.name == "vllm:prompt_tokens"]
+    return family.samples[0].value
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget_and_counted_at_its_first_token() -> None:
     e = engine(max_num_batched_tokens=512)
+    metrics = VllmMetrics(e, "x")
     e.add(SimRequest("long", 2000, 4, 0.0))
-    steps = list(drain(e))
+    steps, counted = [], []
+    for step in drain(e):
+        metrics.observe_step(step)
+        steps.append(step)
+        counted.append(prompt_tokens_counted(metrics))
     assert [s.prefill_tokens for s in steps[:4]] == [512, 512, 512, 464]
     assert [len(s.produced) for s in steps] == [0, 0, 0, 1, 1, 1, 1]
+    assert counted == [0, 0, 0, 2000, 2000, 2000, 2000], "vLLM counts a prompt whole, with its first token"
 
 
 def test_a_full_kv_cache_preempts_the_newest_request_which_recomputes_and_finishes() -> None:
     e = engine(num_gpu_blocks=40, block_size=16)  # 640 tokens of cache for 4 requests of ~300
     requests = [SimRequest(f"r{i}", 200, 100, 0.0) for i in range(4)]
+    metrics = VllmMetrics(e, "x")
     for r in requests:
         e.add(r)
-    for _ in drain(e):
+    for step in drain(e):
+        metrics.observe_step(step)
         assert e.free_blocks >= 0
     assert e.preemptions > 0 and sum(r.preemptions for r in requests) == e.preemptions
+    # vLLM 0.32 counts a prompt once ("not post-preemption repeat prefills"): the door's prefill estimate and
+    # the law's prefill share read this counter, and a recompute is no prompt drained from the queue.
+    assert prompt_tokens_counted(metrics) == 4 * 200
     assert all(r.generated == 100 and r.finish_reason == "length" for r in requests)
     assert e.free_blocks == e.num_gpu_blocks  # every block came back
 

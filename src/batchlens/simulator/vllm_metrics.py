@@ -161,7 +161,9 @@ class VllmMetrics:
     def observe_step(self, step: StepResult) -> None:
         if step.scheduled_tokens:
             self.iteration_tokens.observe(step.scheduled_tokens)
-        self.prompt_tokens.inc(step.prefill_tokens)
+        # As vLLM 0.32 counts it: a prompt whole, with its request's first token, and never again when a
+        # preempted request recomputes it ("not post-preemption repeat prefills", v1/core/sched/scheduler.py).
+        self.prompt_tokens.inc(sum(r.prompt_tokens for r in step.produced if r.generated == 1))
         self.prefix_queries.inc(step.prefill_tokens)
         self.generation_tokens.inc(len(step.produced))
         self.preemptions.inc(step.preempted)
