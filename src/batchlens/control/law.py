@@ -58,13 +58,13 @@ baseline. Each tick, in this order:
    never drained (Azure conversation trace, from 600 s at x0.75: 24 -> 29 ->
    35 -> 41 after a fall at 48, 0.57 of the best static limit; one slot a
    step, 0.73). A door sheds such a backlog, and there the sqrt step served
-   more (article ramp 1.36 against 1.31 of the best static). On a prefill-bound mix
-   (``PREFILL_BOUND``: long prompts, short answers) growth is one slot a tick:
-   there a bigger batch buys next to no tokens/s, and a step lets a burst's
-   prompts in together, whose prefills stall every running decode past the
-   SLO before the next window can show it (a pace of 33 ms at 31 running
-   became 105 ms at 48 on the Azure code trace). One at a time, each step's
-   cost shows before the next.
+   more (article ramp 1.36 against 1.31 of the best static). On a
+   prefill-bound mix (``PREFILL_BOUND``: long prompts, short answers) growth
+   is one slot a tick: there a bigger batch buys next to no tokens/s, and a
+   step lets a burst's prompts in together, whose prefills stall every
+   running decode past the SLO before the next window can show it (a pace of
+   33 ms at 31 running became 105 ms at 48 on the Azure code trace). One at a
+   time, each step's cost shows before the next.
 
 A replayed run starts at ``start_limit``, an eighth of the capacity unless
 set: a burst into an engine whose gate is wide open ruins every request in
