@@ -272,8 +272,11 @@ class Controller:
         capacity = tick.state.law.capacity if tick.state.law is not None else None
         if tick.reason == "keep_up" and capacity is not None and before.limit is not None:
             facts += "; " + capacity.said(before.limit)
-        why = one_slot(tick.state.law, self.control.admission) if tick.state.law is not None else None
-        if tick.reason == "headroom" and why:
+        if (
+            tick.reason == "headroom"
+            and tick.state.law is not None
+            and (why := one_slot(tick.state.law, self.control.admission))
+        ):
             facts += f"; {why}: one slot a tick"
         moved = f"starts at {tick.state.limit}" if before.limit is None else f"{before.limit} -> {tick.state.limit}"
         log.info("%s: limit %s (%s%s)%s", name, moved, tick.reason, facts,
