@@ -196,6 +196,18 @@ def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages
     assert (back.limit, back.reason) == (24, "past_peak"), "down to the peak's batch, one max_step at a time"
 
 
+def test_on_a_prefill_bound_mix_only_a_window_with_a_queue_shows_a_peak() -> None:
+    # On the Azure code trace at x2.5 (from 600 s), a quiet window of 10 running and no prompt to prefill served
+    # 650 tokens/s; 27 running under a queue, their prompts prefilling, served 390, and the law cut 27 -> 14 -> 10
+    # where the best static limit is 32 (0.84 of it; with the peak kept to windows with a queue, 0.99).
+    quiet = w(running=10, pace=0.015, tps=650)
+    for capacity, peak in ((PREFILL_MIX, None), (CHAT_MIX, Peak(9.75, 650))):
+        decision = decide(State(32, capacity=capacity), quiet, 100, SLO, TUNING)
+        assert decision.state.peak == peak, "a chat mix prefills as it decodes: its quiet windows count"
+    queued = decide(State(32, capacity=PREFILL_MIX), w(running=30, waiting=4, pace=0.075, tps=400), 100, SLO, TUNING)
+    assert queued.state.peak == Peak(30, 400, limit=32)
+
+
 def capacity_of(short: bool, limits=(30, 35, 40, 45, 50) * 4) -> Capacity:
     """A capacity model learned on a pace of 10 ms + 20 us x batch² (slope 1.5 at 40, 0.26 at 10), KV usage in
     proportion to the batch, and a demand twice what is served (``short``) or half of it."""
