@@ -204,8 +204,21 @@ def test_on_a_prefill_bound_mix_only_a_window_with_a_queue_shows_a_peak() -> Non
     for capacity, peak in ((PREFILL_MIX, None), (CHAT_MIX, Peak(9.75, 650))):
         decision = decide(State(32, capacity=capacity), quiet, 100, SLO, TUNING)
         assert decision.state.peak == peak, "a chat mix prefills as it decodes: its quiet windows count"
-    queued = decide(State(32, capacity=PREFILL_MIX), w(running=30, waiting=4, pace=0.075, tps=400), 100, SLO, TUNING)
-    assert queued.state.peak == Peak(30, 400, limit=32)
+    queued = w(running=30, waiting=4, pace=0.075, tps=400)
+    assert decide(State(32, capacity=PREFILL_MIX), queued, 100, SLO, TUNING).state.peak == Peak(30, 400, limit=32)
+    # At a cold start the mix is unknown for a while: a quiet window's peak learned then goes once it is known.
+    early = State(32, peak=Peak(9.75, 650), capacity=PREFILL_MIX)
+    assert decide(early, queued, 100, SLO, TUNING).state.peak == Peak(30, 400, limit=32)
+    loose = w(running=20, waiting=4, pace=0.05, tps=400)  # requests wait, but the limit does not bind
+    assert decide(early, loose, 100, SLO, TUNING).state.peak is None
+
+
+def test_with_keep_up_off_the_law_still_learns_the_mix() -> None:
+    prefill = replace(w(running=32, waiting=9, pace=0.05), prompt_tokens_per_second=50_000.0)
+    state = State(32)
+    for now in range(100, 200, 2):
+        state = decide(state, prefill, now, SLO, replace(TUNING, keep_up=None)).state
+    assert prefill_bound(state.capacity), "keep_up: null turns off its steps, not the one-slot growth of this mix"
 
 
 def capacity_of(short: bool, limits=(30, 35, 40, 45, 50) * 4) -> Capacity:
@@ -305,6 +318,8 @@ def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
             )
             if capped and new > limit:
                 assert new < decision.state.ceiling, "never back up to the limit that fell"
+            if one_slot(decision.state, TUNING.door) is not None:
+                assert new <= limit + 1, "a prefill-bound mix, or a fall with no door: one slot a tick"
         case "steady":
             assert new == limit
         case other:
@@ -362,9 +377,18 @@ CONTROL = Control(enabled=True, manual_hold_seconds=60, drain_seconds=5)
 
 
 def tick(state: Steering, *, now: float = 100.0, in_force: int = 32, ours=(32,), breaker_open: bool = False,
-         signals: Window | None = None, capacity: int = 64, control: Control = CONTROL):  # fmt: skip
+         signals: Window | None = None, capacity: int = 64, control: Control = CONTROL,
+         door: bool = False):  # fmt: skip
     return steer(state, now=now, in_force=in_force, set_by_batchlens=set(ours), breaker_open=breaker_open,
-                 signals=signals, slo=SLO, control=control, capacity=capacity)  # fmt: skip
+                 signals=signals, slo=SLO, control=control, capacity=capacity, door=door)  # fmt: skip
+
+
+def test_after_a_fall_live_growth_takes_the_doors_step_only_where_a_door_is_kept() -> None:
+    fallen = Steering(State(36, ceiling=40, ceiling_until=99), seen_limit=36)
+    busy = w(running=36, waiting=9, pace=0.05)
+    admitting = Control(enabled=True, admission=True)
+    assert tick(fallen, in_force=36, ours=(36,), signals=busy, control=admitting).state.limit == 37, "no door kept"
+    assert tick(fallen, in_force=36, ours=(36,), signals=busy, control=admitting, door=True).state.limit == 42
 
 
 def test_control_starts_where_the_engine_is_or_at_its_start_limit_and_decides_nothing_without_a_window() -> None:
@@ -377,7 +401,8 @@ def test_control_starts_where_the_engine_is_or_at_its_start_limit_and_decides_no
     bounded = tick(Steering(), control=Control(enabled=True, min_limit=40, max_limit=200), capacity=100)
     assert bounded.state.limit == 40
     assert tuning(Control(max_limit=500), 64).max_limit == 64
-    assert tuning(Control(admission=True), 64).door and not tuning(Control(), 64).door, "the law knows the door"
+    assert tuning(Control(admission=True), 64, door=True).door, "the law knows the door"
+    assert not tuning(Control(admission=True), 64).door, "configured is not kept: a dry run, a route that errs"
 
 
 def test_a_hand_on_the_knob_pauses_control_and_it_resumes_from_the_hand_after_the_hold() -> None:

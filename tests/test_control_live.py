@@ -8,11 +8,18 @@ test_control_law.py; the controller steering the simulator under load is in test
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.request
+from dataclasses import replace
 
 import pytest
 
+from batchlens.config import Config
+from batchlens.control.law import State
+from batchlens.control.live import Controller
+from batchlens.control.steering import Steering, Tick
+from batchlens.remediation.store import Store
 from harness.exporter import one, pick
 from harness.remediate import RemediateProcess, alert, notification
 from test_remediate import eventually
@@ -164,3 +171,33 @@ def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstrea
         assert hook.process.log_path.read_text().count("would set the batch limit to 16") == 1
     finally:
         hook.stop()
+
+
+def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, caplog) -> None:
+    # In process, not over HTTP: what the law is told of the door, and what the log says of it, turn on whether
+    # batchlens keeps a cap on the engine, not on control.admission alone: a dry run sets none, and an engine
+    # whose cap route errs (a release without caps or the plugin's middleware) never sheds a backlog.
+    def controller(**control) -> Controller:
+        config = Config.model_validate({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}],
+                                        "control": {"enabled": True, "admission": True, **control}})  # fmt: skip
+        return Controller(config, Store(tmp_path / f"{len(control)}.db"), admins={})
+
+    before = Steering(State(36, ceiling=40, ceiling_until=99), seen_limit=36)
+    grown = Tick(replace(before, law=replace(before.law, limit=37)), "headroom")
+
+    def said(c: Controller) -> tuple[bool, bool]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "batchlens.control"):
+            c._report("a", before, grown, None, 36)
+        return c._door_works("a"), "no door to shed a backlog" in caplog.text
+
+    live = controller()
+    assert said(live) == (False, True), "its route not read yet"
+    for cap in (None, 4000):  # read: the door may fail open for want of figures, and will shed once it has them
+        live.caps_in_force["a"] = cap
+        assert said(live) == (True, False), cap
+    live._admission_failed("a", "cannot set its queued-token cap: 501")
+    assert said(live) == (False, True)
+    dry = controller(dry_run=True)
+    dry.caps_in_force["a"] = None
+    assert said(dry) == (False, True)

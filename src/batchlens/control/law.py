@@ -50,14 +50,14 @@ baseline. Each tick, in this order:
    limit did not bind is a smaller batch's own, except on a prefill-bound
    mix: there a quiet window, no prompt to prefill, serves far more tokens/s
    than any batch under a queue does (10 running gave 650 tokens/s, 27 under
-   a queue 390, on the Azure code trace), so only a window with requests
-   waiting shows a peak.
+   a queue 390, on the Azure code trace), so only a window under a binding
+   limit shows a peak, and one learned before the mix was known is dropped.
 7. **Headroom.** Requests wait behind a full batch and the pace has room under
    the SLO: far below it, double (slow start, bounded by ``max_step``); nearer,
    add sqrt(limit) (slow increase, Envoy's headroom). On an engine that has
    shown a fall, growth is always the slow kind, and waits for a settled
    window before each step: probe, then measure. With no door beside the
-   limit (``door``: control/admission.py's cap) that step is one slot: near
+   limit (``door``: control/admission.py's cap) it is one slot: near
    capacity a sqrt step back past the peak built a backlog that the engine
    never drained (Azure conversation trace, from 600 s at x0.75: 24 -> 29 ->
    35 -> 41 after a fall at 48, 0.57 of the best static limit; one slot a
@@ -108,7 +108,7 @@ class Tuning:
     keep_up: float | None = 1.15  # serving under this x the tokens/s asked is falling short; None: not judged
     slope_seconds: float = 120.0  # the pace's slope forgets a window this old by a factor e
     demand_seconds: float = 60.0  # likewise the demand's average
-    door: bool = False  # the queued-token cap (control/admission.py) stands beside the limit: a backlog is shed
+    door: bool = False  # a queued-token cap (control/admission.py) is kept beside the limit: a backlog is shed
 
     def clamp(self, limit: int) -> int:
         """``limit`` within min_limit..max_limit."""
@@ -198,8 +198,13 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         state = replace(state, stepped=now)
         return _move(state, math.floor(limit * KEEP_UP_CUT), now + tuning.drain_seconds, "keep_up", tuning, now)
     if tuning.past_peak is not None and batch >= 1:
-        if w.waiting > 0 or not prefill_bound(state.capacity):  # a quiet window on a prefill-bound mix: no peak
+        if not prefill_bound(state.capacity):
             state = _remember_peak(state, batch, w.tokens_per_second, state.limit if saturated else 0)
+        else:  # only a batch under a queue shows a peak; one kept from before the mix was known goes
+            if state.peak is not None and state.peak.limit == 0:
+                state = replace(state, peak=None)
+            if saturated:
+                state = _remember_peak(state, batch, w.tokens_per_second, state.limit)
         peak = state.peak
         # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
         # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
@@ -223,8 +228,8 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         return Decision(state, "steady")  # growth would serve fewer tokens/s, and they fall short already
     if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
         # Far below the SLO (slow start): double; near it, or on an engine that has shown a throughput
-        # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds; on a prefill-bound
-        # mix: + 1.
+        # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds; + 1 on a
+        # prefill-bound mix, and after a fall with no door (one_slot).
         if state.ceiling is not None and not settled:
             return Decision(state, "steady")  # probe, then measure: growth past a peak must show its tokens/s
         capped = state.ceiling is not None and now < state.ceiling_until
@@ -278,9 +283,9 @@ def _learn(state: State, w: Window, settled: bool, tuning: Tuning) -> State:
     stood behind a full batch (prefill then runs at its steady share of each step) that had settled.
 
     The limit, not the batch inferred from tokens/s: that estimate is noisy, and least squares on a noisy
-    regressor flattens the slope (regression dilution), which puts the fitted peak too far out."""
-    if tuning.keep_up is None:
-        return state
+    regressor flattens the slope (regression dilution), which puts the fitted peak too far out.
+
+    Learned with ``keep_up`` off too: the mix it knows decides whether growth is one slot a tick."""
     capacity = (state.capacity or Capacity()).aged(w.seconds, tuning.slope_seconds, tuning.demand_seconds)
     demand = capacity.demand.observe(w.seconds, w.arrived_per_second * w.seconds,
                                      w.finished_per_second * w.seconds, w.tokens_per_second * w.seconds,

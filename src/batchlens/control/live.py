@@ -111,6 +111,15 @@ class Controller:
             return min(breaker.target_limit, state.limit)
         return state.limit
 
+    def _door_works(self, name: str) -> bool:
+        """Whether batchlens keeps a door on the engine: admission on, not a dry run, and its cap route answers.
+
+        A door that fails open for want of figures still counts: the backlog that growth builds gives it its
+        saturated windows within a few ticks, and then it sheds. A route that errs (a release without caps and
+        without the plugin's middleware) never will."""
+        return (self._admission is not None and not self.control.dry_run and name not in self._admission_failing
+                and self.caps_in_force.get(name, UNSET) is not UNSET)  # fmt: skip
+
     def door(self, name: str) -> Door | None:
         """The engine's door for the breaker: None unless batchlens holds a queued-token cap in force on it."""
         cap, minute = self.caps_in_force.get(name), self._minutes.get(name)
@@ -165,7 +174,7 @@ class Controller:
         result = steer(
             before, now=now, in_force=batch.max_num_active_seqs, set_by_batchlens=ours,
             breaker_open=breaker.mode != "closed", signals=signals, slo=self.slo, control=self.control,
-            capacity=batch.max_num_seqs,
+            capacity=batch.max_num_seqs, door=self._door_works(name),
         )  # fmt: skip
         self.decisions[(name, result.reason)] += 1
         # In force in memory before the log says so: a scrape between the two must not miss the target.
@@ -275,7 +284,7 @@ class Controller:
         if (
             tick.reason == "headroom"
             and tick.state.law is not None
-            and (why := one_slot(tick.state.law, self.control.admission))
+            and (why := one_slot(tick.state.law, self._door_works(name)))
         ):
             facts += f"; {why}: one slot a tick"
         moved = f"starts at {tick.state.limit}" if before.limit is None else f"{before.limit} -> {tick.state.limit}"

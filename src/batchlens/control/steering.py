@@ -87,13 +87,14 @@ class Tick:
     event: str = ""  # "manual": this tick found a hand on the knob; "resumed": its pause just ended
 
 
-def tuning(control: Control, capacity: int) -> Tuning:
-    """The law's bounds for an engine: the config's, never above its capacity."""
+def tuning(control: Control, capacity: int, door: bool = False) -> Tuning:
+    """The law's bounds for an engine: the config's, never above its capacity. ``door``: batchlens keeps a
+    queued-token cap on it (admission on, not a dry run, and the engine's cap route answers)."""
     top = min(control.max_limit or capacity, capacity)
     return Tuning(
         min_limit=min(control.min_limit, top), max_limit=top, kv_target=control.kv_target,
         drain_seconds=control.drain_seconds, max_step=control.max_step, past_peak=control.past_peak,
-        keep_up=control.keep_up, door=control.admission,
+        keep_up=control.keep_up, door=door,
     )  # fmt: skip
 
 
@@ -123,9 +124,11 @@ def steer(
     slo: Slo,
     control: Control,
     capacity: int,
+    door: bool = False,
 ) -> Tick:
-    """``in_force``: the limit the admin API reports; ``set_by_batchlens``: the limits the hook put or is putting."""
-    bounds = tuning(control, capacity)
+    """``in_force``: the limit the admin API reports; ``set_by_batchlens``: the limits the hook put or is putting;
+    ``door``: batchlens keeps a queued-token cap on the engine (Controller._door_works)."""
+    bounds = tuning(control, capacity, door)
     if state.limit is None:  # the first tick: from the configured start, or from where the engine is
         start = in_force if control.start_limit is None else control.start_limit
         state = state.with_limit(bounds.clamp(start))
