@@ -95,6 +95,7 @@ class Controller:
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
         self.caps_in_force: dict[str, object] = dict.fromkeys(self._urls, UNSET)  # as batchlens last set it
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
+        self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
         self._cap_hold_until: dict[str, float] = {}  # instance -> until when a cap set by hand stands
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
 
@@ -117,8 +118,7 @@ class Controller:
         A door that fails open for want of figures still counts: the backlog that growth builds gives it its
         saturated windows within a few ticks, and then it sheds. A route that errs (a release without caps and
         without the plugin's middleware) never will."""
-        return (self._admission is not None and not self.control.dry_run and name not in self._admission_failing
-                and self.caps_in_force.get(name, UNSET) is not UNSET)  # fmt: skip
+        return self._admission is not None and not self.control.dry_run and self._door_answers.get(name, False)
 
     def door(self, name: str) -> Door | None:
         """The engine's door for the breaker: None unless batchlens holds a queued-token cap in force on it."""
@@ -200,6 +200,7 @@ class Controller:
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
+        self._door_answers[name] = True  # until a set fails below
         ours = self.caps_in_force[name]
         if ours is not UNSET and in_force != ours:
             log.warning("%s: the queued-token cap is %s, not the %s batchlens set: set by hand (or the engine "
@@ -231,6 +232,7 @@ class Controller:
     def _admission_failed(self, name: str, why: str) -> None:
         """The cap could not be read or set; the limit is steered all the same (a release without caps: 501)."""
         self.decisions[(name, "admission_error")] += 1
+        self._door_answers[name] = False
         if self._admission_failing.get(name) != why:
             log.warning("%s: %s; the batch limit is still steered, the cap retried every %g s", name, why,
                         self.control.interval_seconds)  # fmt: skip
