@@ -7,21 +7,25 @@ test_control_law.py; the controller steering the simulator under load is in test
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import urllib.request
 from dataclasses import replace
 
+import aiohttp
 import pytest
 
 from batchlens.config import Config
 from batchlens.control.law import State
 from batchlens.control.live import Controller
 from batchlens.control.steering import Steering, Tick
+from batchlens.remediation.admin_client import AdminClient
 from batchlens.remediation.store import Store
 from harness.exporter import one, pick
 from harness.remediate import RemediateProcess, alert, notification
+from harness.simulator import SimulatorProcess
 from test_remediate import eventually
 
 pytestmark = pytest.mark.slow
@@ -173,30 +177,40 @@ def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstrea
         hook.stop()
 
 
-def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, caplog) -> None:
-    # In process, not over HTTP: what the law is told of the door, and what the log says of it, turn on whether
-    # batchlens keeps a cap on the engine, not on control.admission alone: a dry run sets none, and an engine
-    # whose cap route errs (a release without caps or the plugin's middleware) never sheds a backlog.
+def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, caplog, upstreams, vllm_exposition):
+    # What the law is told of the door, and what the log says of it, turn on whether batchlens keeps a cap on the
+    # engine, not on control.admission alone: a dry run sets none, and an engine whose cap route errs (a release
+    # without caps or the plugin's middleware) never sheds a backlog. The hook's own calls over real HTTP: the
+    # simulator serves the admission route, an upstream (harness/upstreams.py) answers 404 like a plain vLLM.
+    sim = SimulatorProcess(tmp_path)
+    engines = {"sim": (sim.url, sim.token), "plain": (engine(upstreams, "plain", vllm_exposition), TOKEN)}
+
     def controller(**control) -> Controller:
-        config = Config.model_validate({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}],
+        config = Config.model_validate({"engines": [{"name": n, "url": u} for n, (u, _) in engines.items()],
                                         "control": {"enabled": True, "admission": True, **control}})  # fmt: skip
         return Controller(config, Store(tmp_path / f"{len(control)}.db"), admins={})
+
+    async def admit(c: Controller) -> None:  # one tick's calls on the cap route, as _tick_one makes them
+        async with aiohttp.ClientSession() as session:
+            c._admins = {n: AdminClient(session, u, t) for n, (u, t) in engines.items()}
+            for name in engines:
+                await c._admit(name, None, time.time())
 
     before = Steering(State(36, ceiling=40, ceiling_until=99), seen_limit=36)
     grown = Tick(replace(before, law=replace(before.law, limit=37)), "headroom")
 
-    def said(c: Controller) -> tuple[bool, bool]:
+    def said(c: Controller, name: str) -> tuple[bool, bool]:
         caplog.clear()
         with caplog.at_level(logging.INFO, "batchlens.control"):
-            c._report("a", before, grown, None, 36)
-        return c._door_works("a"), "no door to shed a backlog" in caplog.text
+            c._report(name, before, grown, None, 36)
+        return c._door_works(name), "no door to shed a backlog" in caplog.text
 
-    live = controller()
-    assert said(live) == (False, True), "its route not read yet"
-    live._admission_failed("a", "cannot set its queued-token cap: 501")
-    assert said(live) == (False, True)
-    live._door_answers["a"] = True  # as _admit marks a tick whose calls answered, the door open or capped
-    assert said(live) == (True, False)
-    dry = controller(dry_run=True)
-    dry._door_answers["a"] = True
-    assert said(dry) == (False, True)
+    try:
+        live, dry = controller(), controller(dry_run=True)
+        assert said(live, "sim") == (False, True), "its route not called yet"
+        asyncio.run(admit(live)), asyncio.run(admit(dry))
+        assert said(live, "sim") == (True, False), "the door open for want of figures still counts: it will shed"
+        assert said(live, "plain") == (False, True), "a route that errs never sheds"
+        assert said(dry, "sim") == (False, True), "a dry run sets no cap"
+    finally:
+        sim.stop()
