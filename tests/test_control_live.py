@@ -212,5 +212,12 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, capl
         assert said(live, "sim") == (True, False), "the door open for want of figures still counts: it will shed"
         assert said(live, "plain") == (False, True), "a route that errs never sheds"
         assert said(dry, "sim") == (False, True), "a dry run sets no cap"
+        live.caps_in_force["sim"] = 4000  # as if batchlens had set it: the engine's None is a hand's
+        asyncio.run(admit(live))
+        assert said(live, "sim") == (False, True), "a hand opened the door: nothing sheds while its hold lasts"
+        live._cap_hold_until.clear(), asyncio.run(admit(live))
+        assert said(live, "sim") == (True, False)
+        live._not_steered("sim", "no answer within 1 s")
+        assert said(live, "sim") == (False, True), "gone: asked again when it is back"
     finally:
         sim.stop()

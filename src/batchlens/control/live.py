@@ -200,7 +200,6 @@ class Controller:
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
-        self._door_answers[name] = True  # until a set fails below
         ours = self.caps_in_force[name]
         if ours is not UNSET and in_force != ours:
             log.warning("%s: the queued-token cap is %s, not the %s batchlens set: set by hand (or the engine "
@@ -208,6 +207,8 @@ class Controller:
                         self.control.manual_hold_seconds)  # fmt: skip
             self._cap_hold_until[name] = now + self.control.manual_hold_seconds
         self.caps_in_force[name] = in_force  # the first tick, a restart (kill -9) or a hand: go on from it
+        # The door answers (until a set fails below), unless a hand opened it: then nothing sheds while it holds.
+        self._door_answers[name] = in_force is not None or now >= self._cap_hold_until.get(name, 0.0)
         if signals is not None and (window_seen := saturated(signals, now)) is not None:
             self._saturated[name].append(window_seen)
         decision = self.caps[name] = queued_token_cap(self._saturated[name], now, self._admission)
@@ -240,6 +241,7 @@ class Controller:
 
     def _not_steered(self, name: str, why: str) -> None:
         self._samples[name].clear()  # the next good answer starts a fresh window
+        self._door_answers.pop(name, None)  # what answers when it is back (another release?) is asked again
         self.decisions[(name, "no_signal")] += 1
         if self._failing.get(name) != why:  # once per kind of failure, not every tick
             log.warning("%s: not steered: %s; holding the limit, retrying every %g s", name, why,
