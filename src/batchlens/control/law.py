@@ -198,13 +198,11 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         state = replace(state, stepped=now)
         return _move(state, math.floor(limit * KEEP_UP_CUT), now + tuning.drain_seconds, "keep_up", tuning, now)
     if tuning.past_peak is not None and batch >= 1:
-        if not prefill_bound(state.capacity):
+        quiet_misleads = prefill_bound(state.capacity)  # only a batch under a queue shows a peak then
+        if quiet_misleads and state.peak is not None and state.peak.limit == 0:
+            state = replace(state, peak=None)  # one kept from before the mix was known
+        if saturated or not quiet_misleads:
             state = _remember_peak(state, batch, w.tokens_per_second, state.limit if saturated else 0)
-        else:  # only a batch under a queue shows a peak; one kept from before the mix was known goes
-            if state.peak is not None and state.peak.limit == 0:
-                state = replace(state, peak=None)
-            if saturated:
-                state = _remember_peak(state, batch, w.tokens_per_second, state.limit)
         peak = state.peak
         # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
         # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
