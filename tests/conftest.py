@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from batchlens.admin_api import TOKEN_ENV
+from harness import procs
 from harness.litellm import install_batchlens
 from harness.procs import Process, free_port, start_server_with_child
-from harness.shared import once_per_run
+from harness.shared import once_per_run, run_folder
 from harness.upstreams import Upstreams
 from harness.vllm import ADMIN_TOKEN, RELEASE_CAPTURES, VllmServer, install_plugin, release_of, start_vllm
 from harness.wheel import Distributions, build_distributions
@@ -50,6 +51,13 @@ def _vllm_tests_grouped(request: pytest.FixtureRequest) -> None:
             "--dist loadgroup does not group the vLLM tests: this pytest and pytest-xdist do not work together "
             "(pytest-dev/pytest-xdist#1386); install the pytest the test extra pins (pip install -e '.[test]')"
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ports_handed_out_once_per_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """xdist's workers draw their ports from one record (harness.procs.free_port), so no two get the same."""
+    if (root := run_folder(tmp_path_factory)) is not None:
+        procs.HANDED_OUT = root / "ports-handed-out"
 
 
 @pytest.fixture(scope="session")

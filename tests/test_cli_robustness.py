@@ -9,7 +9,6 @@ expected (harness/misbehaving.py), files that are not what they should be.
 
 from __future__ import annotations
 
-import random
 import re
 import socket
 import subprocess
@@ -187,8 +186,8 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     (tmp / "empty.jsonl").write_text("")
     silent, html, refused = SilentServer(), HtmlServer(), free_port()
     with socket.socket() as taken:
-        # within demo's --port-offset range above its base port 8000 (an ephemeral port may be past it)
-        port = next(p for p in random.sample(range(20_000, 50_000), 200) if _binds(taken, p))
+        port = free_port()  # within demo's --port-offset range above its base port 8000
+        taken.bind(("127.0.0.1", port))
         taken.listen()
         yield {
             "tmp": str(tmp), "text": str(tmp / "text"), "yaml": str(tmp / "broken.yaml"),
@@ -205,14 +204,6 @@ def where(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         }  # fmt: skip
     silent.close()
     html.close()
-
-
-def _binds(sock: socket.socket, port: int) -> bool:
-    try:
-        sock.bind(("127.0.0.1", port))
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from batchlens.stack import SERVICES
 from harness.exporter import BATCHLENS, one, parse_samples, pick, scraped_sum
 from harness.grafana import panel_results, walk_panels
 from harness.litellm import litellm_venv
-from harness.procs import Process, http_get
+from harness.procs import Process, free_ports, http_get, port_range
 from harness.prometheus import require_binary
 
 pytestmark = pytest.mark.e2e
@@ -36,17 +36,15 @@ DATA_WITHIN = 300
 
 
 def free_offset() -> int:
-    """A port offset at which every demo port is free."""
-    for _ in range(50):
-        offset = random.randrange(20000, 40000)
-        try:
-            for _, port in SERVICES.values():
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + offset))
-            return offset
-        except OSError:
-            continue
-    pytest.fail("no free set of ports for the demo")
+    """A port offset at which every demo port is free, below the ephemeral range and handed out to this test alone."""
+    low, high = port_range()
+    bases = [port for _, port in SERVICES.values()]
+
+    def draw() -> list[int]:
+        offset = random.randrange(low - min(bases), high - max(bases))
+        return [port + offset for port in bases]
+
+    return free_ports(draw)[0] - bases[0]
 
 
 def ctrl_c(demo: Process) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import signal
@@ -12,27 +13,68 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 import pytest
 
+#: This run's record of the ports handed out, one file for all of xdist's workers (tests/conftest.py names it;
+#: without it, this process's own). A port checked free is bound by its server seconds later, LiteLLM's only after
+#: its startup, so a check alone can hand one port to two workers (seen in CI: LiteLLM exited on "address already
+#: in use").
+HANDED_OUT: Path | None = None
+_HANDED_OUT_HERE: set[int] = set()
+
+
+def port_range() -> tuple[int, int]:
+    """The ports tests draw from: below the kernel's ephemeral range. A port that bind(0) hands out comes from that
+    range, where every outgoing connection takes its own port: one could take it before the server binds it (seen:
+    a compose service's "address already in use" in a clean clone's suite)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return max(1024, low - 12000), low - 1
+
 
 def free_port() -> int:
-    """A port free to listen on, below the kernel's ephemeral range. A port that bind(0) hands out comes from that
-    range, where every outgoing connection takes its own port: one could take it before the server binds it
-    (seen: a compose service's "address already in use" in a clean clone's suite)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(100):
-        port = random.randint(max(1024, low - 12000), low - 1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue  # in use: draw again
-            return port
-    raise RuntimeError(f"no free port in 100 draws under {low}")
+    """A port free to listen on, handed out once in this run."""
+    low, high = port_range()
+    return free_ports(lambda: [random.randint(low, high)])[0]
+
+
+def free_ports(draw: Callable[[], list[int]]) -> list[int]:
+    """The first of up to 100 ``draw()``s whose ports are all free to bind and not handed out before in this run,
+    now recorded as handed out."""
+    with _handed_out() as taken:
+        for _ in range(100):
+            ports = draw()
+            if taken.isdisjoint(ports) and all(map(_binds, ports)):
+                taken.update(ports)
+                return ports
+    raise RuntimeError(f"no free ports in 100 draws in {port_range()}")
+
+
+@contextmanager
+def _handed_out() -> Iterator[set[int]]:
+    if HANDED_OUT is None:
+        yield _HANDED_OUT_HERE
+        return
+    with open(HANDED_OUT, "a+") as record:
+        fcntl.flock(record, fcntl.LOCK_EX)  # one worker draws at a time
+        record.seek(0)
+        taken = {int(port) for port in record.read().split()}
+        before = set(taken)
+        yield taken
+        record.write("".join(f"{port}\n" for port in sorted(taken - before)))
+
+
+def _binds(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

@@ -20,9 +20,9 @@ import pytest
 
 def once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]) -> Any:
     """``make(folder)`` in a folder of its own, once per test run; its result must survive JSON."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    root = run_folder(factory)
+    if root is None:
         return make(factory.mktemp(name))
-    root = factory.getbasetemp().parent  # the run's folder, above each worker's own
     folder, result = root / name, root / f"{name}.json"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -32,3 +32,8 @@ def once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Pat
         value = make(folder)
         result.write_text(json.dumps(value))
         return value
+
+
+def run_folder(factory: pytest.TempPathFactory) -> Path | None:
+    """The run's folder that every xdist worker shares, above each worker's own; None without xdist."""
+    return factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else None
