@@ -21,7 +21,9 @@ from batchlens.config import Config
 from batchlens.control.law import State
 from batchlens.control.live import Controller
 from batchlens.control.steering import Steering, Tick
+from batchlens.control.steering import steer as live_steer
 from batchlens.remediation.admin_client import AdminClient
+from batchlens.remediation.breaker import EngineState
 from batchlens.remediation.store import Store
 from harness.exporter import one, pick
 from harness.remediate import RemediateProcess, alert, notification
@@ -177,7 +179,9 @@ def test_the_breaker_is_the_outer_layer_and_dry_run_never_sets(tmp_path, upstrea
         hook.stop()
 
 
-def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, caplog, upstreams, vllm_exposition):
+def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
+    tmp_path, caplog, monkeypatch, upstreams, vllm_exposition
+):
     # What the law is told of the door, and what the log says of it, turn on whether batchlens keeps a cap on the
     # engine, not on control.admission alone: a dry run sets none, and an engine whose cap route errs (a release
     # without caps or the plugin's middleware) never sheds a backlog. The hook's own calls over real HTTP: the
@@ -185,16 +189,35 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, capl
     sim = SimulatorProcess(tmp_path)
     engines = {"sim": (sim.url, sim.token), "plain": (engine(upstreams, "plain", vllm_exposition), TOKEN)}
 
+    made: list[Controller] = []
+
     def controller(**control) -> Controller:
         config = Config.model_validate({"engines": [{"name": n, "url": u} for n, (u, _) in engines.items()],
                                         "control": {"enabled": True, "admission": True, **control}})  # fmt: skip
-        return Controller(config, Store(tmp_path / f"{len(control)}.db"), admins={})
+        made.append(Controller(config, Store(tmp_path / f"{len(made)}.db"), admins={}))
+        return made[-1]
 
     async def admit(c: Controller) -> None:  # one tick's calls on the cap route, as _tick_one makes them
         async with aiohttp.ClientSession() as session:
             c._admins = {n: AdminClient(session, u, t) for n, (u, t) in engines.items()}
             for name in engines:
                 await c._admit(name, None, time.time())
+
+    told: list[bool] = []
+
+    def steer(*args, door: bool, **kwargs) -> Tick:  # the law's own, recording what it is told of the door
+        told.append(door)
+        return live_steer(*args, door=door, **kwargs)
+
+    monkeypatch.setattr("batchlens.control.live.steer", steer)
+
+    async def ticks(c: Controller, *names: str) -> list[bool]:  # whole ticks: what the law was told of the door
+        async with aiohttp.ClientSession() as session:
+            c._admins = {n: AdminClient(session, u, t) for n, (u, t) in engines.items()}
+            for name in names:
+                await c._tick_one(name, time.time(), {name: EngineState()})
+        await c._http.aclose()
+        return told[-len(names) :]
 
     before = Steering(State(36, ceiling=40, ceiling_until=99), seen_limit=36)
     grown = Tick(replace(before, law=replace(before.law, limit=37)), "headroom")
@@ -208,6 +231,8 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(tmp_path, capl
     try:
         live, dry = controller(), controller(dry_run=True)
         assert said(live, "sim") == (False, True), "its route not called yet"
+        assert asyncio.run(ticks(controller(), "sim", "sim", "plain")) == [False, True, False], "asked, then told"
+        assert asyncio.run(ticks(controller(dry_run=True), "sim", "sim")) == [False, False]
         asyncio.run(admit(live)), asyncio.run(admit(dry))
         assert said(live, "sim") == (True, False), "the door open for want of figures still counts: it will shed"
         assert said(live, "plain") == (False, True), "a route that errs never sheds"
