@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -115,10 +116,14 @@ class Process:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 40) -> str:
+        """The log's last ``lines``, under its first ERROR line where that came before them: a server that dies
+        logs why, then pages of the tasks it cancelled (seen: LiteLLM's bind error above 60 lines of traceback)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        first = next((line for line in text[:-lines] if re.search(r"\bERROR\b", line)), None)
+        return "\n".join([first, "[...]", *text[-lines:]] if first else text[-lines:])
 
     def wait_http(self, url: str, timeout: float, ok=(200,)) -> None:
         """Wait until ``url`` answers one of ``ok``; fail with the log if the process dies or it times out."""
