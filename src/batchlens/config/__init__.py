@@ -266,7 +266,7 @@ class Control(_Section):
     max_limit: int | None = Field(None, ge=1, description="default: the engine's capacity; never above it")
     start_limit: int | None = Field(None, ge=1, description="where control starts; default: the limit in force")
     max_step: float = Field(0.5, gt=0, le=1, description="one move is at most this share of the limit")
-    kv_target: float = Field(0.9, gt=0, le=1, description="KV usage the limit is kept under")
+    kv_target: float = Field(0.95, gt=0, le=1, description="KV usage the limit is kept under")
     drain_seconds: float = Field(30.0, ge=0, description="after a cut, the longest hold while the running batch "
                                  "drains to the new limit (the hold ends once it has)")  # fmt: skip
     past_peak: float | None = Field(0.85, gt=0, le=1, description="a larger limit serving under this share of the "

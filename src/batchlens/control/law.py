@@ -99,7 +99,7 @@ class Tuning:
     start_limit: int | None = None  # where a replayed run starts; None: an eighth of max_limit
     pace_quantile: float | None = None  # None: the mean gap (exact, and what TPOT averages); else this quantile
     headroom: float = 0.8  # grow only while the pace is under this share of the SLO
-    kv_target: float = 0.9
+    kv_target: float = 0.95
     drain_seconds: float = 30.0  # the longest hold after a cut while the running batch drains to the limit
     max_step: float = 0.5  # a move is at most this share of the limit (and at least 1)
     past_peak: float | None = 0.85  # saturated tokens/s under this share of the peak's, above it: back to it
