@@ -8,6 +8,7 @@ test_control_law.py; the controller steering the simulator under load is in test
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -189,13 +190,12 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
     sim = SimulatorProcess(tmp_path)
     engines = {"sim": (sim.url, sim.token), "plain": (engine(upstreams, "plain", vllm_exposition), TOKEN)}
 
-    made: list[Controller] = []
+    databases = itertools.count()
 
     def controller(**control) -> Controller:
         config = Config.model_validate({"engines": [{"name": n, "url": u} for n, (u, _) in engines.items()],
                                         "control": {"enabled": True, "admission": True, **control}})  # fmt: skip
-        made.append(Controller(config, Store(tmp_path / f"{len(made)}.db"), admins={}))
-        return made[-1]
+        return Controller(config, Store(tmp_path / f"{next(databases)}.db"), admins={})
 
     async def admit(c: Controller) -> None:  # one tick's calls on the cap route, as _tick_one makes them
         async with aiohttp.ClientSession() as session:
@@ -212,12 +212,13 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
     monkeypatch.setattr("batchlens.control.live.steer", steer)
 
     async def ticks(c: Controller, *names: str) -> list[bool]:  # whole ticks: what the law was told of the door
+        told.clear()
         async with aiohttp.ClientSession() as session:
             c._admins = {n: AdminClient(session, u, t) for n, (u, t) in engines.items()}
             for name in names:
                 await c._tick_one(name, time.time(), {name: EngineState()})
         await c._http.aclose()
-        return told[-len(names) :]
+        return list(told)
 
     before = Steering(State(36, ceiling=40, ceiling_until=99), seen_limit=36)
     grown = Tick(replace(before, law=replace(before.law, limit=37)), "headroom")

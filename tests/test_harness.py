@@ -6,7 +6,9 @@ only the traceback that followed."""
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,17 @@ def test_a_port_handed_out_once_is_not_handed_out_again_from_the_same_record(tmp
     assert one != other and (tmp_path / "ports").read_text().split() == [str(one), str(other)]
     with pytest.raises(RuntimeError, match="no free ports"):
         procs.free_ports(lambda: [one])  # free to bind, but another worker reading this record was given it
+
+
+def _draw(record: Path) -> list[int]:  # one xdist worker's draws, in a process of its own
+    procs.HANDED_OUT = record
+    return [procs.free_port() for _ in range(50)]
+
+
+def test_workers_drawing_at_once_through_one_record_never_share_a_port(tmp_path) -> None:
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        drawn = [port for ports in pool.map(_draw, [tmp_path / "ports"] * 4) for port in ports]
+    assert len(set(drawn)) == len(drawn) == 200 and len((tmp_path / "ports").read_text().split()) == 200
 
 
 def test_a_dead_servers_log_tail_keeps_the_reason_it_gave_before_its_traceback(tmp_path) -> None:

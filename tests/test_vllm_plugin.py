@@ -205,12 +205,13 @@ def test_vllm_is_unaffected_by_the_plugin(vllm_server: VllmServer) -> None:
     assert bad == []
 
 
-DP_ADMIN_PORT = free_port()
-
-
 @pytest.fixture(scope="module")
-def dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
-    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN, PORT_ENV: str(DP_ADMIN_PORT)}
+def dp_server(
+    tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]
+) -> Iterator[tuple[VllmServer, int]]:
+    """vLLM with two data-parallel engines, and the port its admin API has to itself (BATCHLENS_ADMIN_PORT)."""
+    admin_port = free_port()  # drawn here, not at import: the run's port record is set up by then (conftest.py)
+    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN, PORT_ENV: str(admin_port)}
     server = start_vllm(
         tmp_path_factory.mktemp("vllm-dp"),
         env=env,
@@ -218,16 +219,17 @@ def dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[st
         memory_fraction=0.1,
         extra_args=("--data-parallel-size", "2"),
     )
-    yield server
+    yield server, admin_port
     server.process.stop()
 
 
-def test_with_data_parallelism_a_change_applies_to_every_engine(dp_server: VllmServer) -> None:
+def test_with_data_parallelism_a_change_applies_to_every_engine(dp_server: tuple[VllmServer, int]) -> None:
     """And with BATCHLENS_ADMIN_PORT, the admin API is on that port alone: vLLM's port answers 404 for it."""
-    token = {"Authorization": f"Bearer {dp_server.admin_token}"}
-    assert http_get(dp_server.url + BATCH_PATH, headers=token)[0] == 404
-    assert "batchlens: admin API on its own port, 127.0.0.1:" in dp_server.process.log_path.read_text(errors="replace")
-    client = AdminClient(f"http://127.0.0.1:{DP_ADMIN_PORT}", dp_server.admin_token)
+    server, admin_port = dp_server
+    token = {"Authorization": f"Bearer {server.admin_token}"}
+    assert http_get(server.url + BATCH_PATH, headers=token)[0] == 404
+    assert "batchlens: admin API on its own port, 127.0.0.1:" in server.process.log_path.read_text(errors="replace")
+    client = AdminClient(f"http://127.0.0.1:{admin_port}", server.admin_token)
     check_contract(client, 16)
     state = client.set_limit(3)
     assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
