@@ -197,6 +197,15 @@ def test_a_higher_throughput_replaces_the_peak_and_its_batch_seen_again_averages
     assert (back.limit, back.reason) == (24, "past_peak"), "down to the peak's batch, one max_step at a time"
 
 
+def test_a_fall_whose_way_back_is_no_cut_leaves_no_ceiling() -> None:
+    # A real vLLM on the CPU, steered from 4: a peak's batch of 3.6 (read from tokens/s) and then 4 serving less
+    # made a "fall" whose way back, to ceil(3.6), was 4 itself; its ceiling held the limit at 4 for a minute
+    # under a queue 28 s long. A batch of 4 against 3.6 is no fall to act on: the queue grows the limit.
+    state = State(4, peak=Peak(3.6, 600.0), below=1)
+    decision = decide(state, w(running=4, waiting=20, pace=0.01, tps=400), 100, SLO, TUNING)
+    assert (decision.reason, decision.limit, decision.state.ceiling) == ("slow_start", 6, None)
+
+
 def test_on_a_prefill_bound_mix_only_a_window_with_a_queue_shows_a_peak() -> None:
     # On the Azure code trace at x2.5 (from 600 s), a quiet window of 10 running and no prompt to prefill served
     # 650 tokens/s; 27 running under a queue, their prompts prefilling, served 390, and the law cut 27 -> 14 -> 10

@@ -206,9 +206,11 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         peak = state.peak
         # A fall counts only where the limit binds (requests wait behind a full batch): a burst of arrivals
         # under the limit lowers tokens/s too, with its prefills, and the limit has no part in that.
-        # Back to the peak's batch must be a cut, and past a limit that bound the peak.
+        # Back to the peak's batch, rounded up as the move rounds it, must be a cut, and past a limit that bound
+        # the peak: at 4 a peak's batch of 3.6 went "back" to 4, and the ceiling it left held the limit there for
+        # peak_seconds (a real vLLM on the CPU, under a queue 28 s long).
         fell = (settled and saturated and batch > PEAK_BATCH_SPAN * peak.batch
-                and max(peak.batch, peak.limit) < limit
+                and max(math.ceil(peak.batch), peak.limit) < limit
                 and w.tokens_per_second < tuning.past_peak * peak.tokens_per_second)  # fmt: skip
         state = replace(state, below=state.below + 1 if fell else 0)
         if state.below >= 2:
