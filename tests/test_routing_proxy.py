@@ -148,12 +148,15 @@ def test_each_class_reaches_its_engine_and_a_killed_engine_falls_back(stack) -> 
     assert len(row) == 3
     wait_until(lambda: all(any(panel_results(prometheus.url, p, VARIABLES)[0].values()) for p in row), timeout=30,
                what="every routing panel to have data")  # fmt: skip
-    # over the last 5 minutes of the recorded series: the one cold request leaves the 1m window on a slow run
-    p99 = prometheus.query("max_over_time(wanted:batchlens_routing_time_to_first_token_seconds:p99_1m[5m])")
-    assert {r["metric"]["wanted"] for r in p99 if r["value"][1] != "NaN"} == {"main", "interactive", "long", "cold"}, (
-        p99,
-        prometheus.query('batchlens_routing_time_to_first_token_seconds_bucket{wanted="main"}'),
-    )
+
+    # Over the last 5 minutes of the recorded series (the one cold request leaves the 1m window on a slow run),
+    # once a scrape and a rule evaluation have followed that request: in a clean clone's run the query came first.
+    def with_p99() -> set[str]:
+        p99 = prometheus.query("max_over_time(wanted:batchlens_routing_time_to_first_token_seconds:p99_1m[5m])")
+        return {r["metric"]["wanted"] for r in p99 if r["value"][1] != "NaN"}
+
+    wait_until(lambda: with_p99() == {"main", "interactive", "long", "cold"}, timeout=30,
+               what="a recorded P99 TTFT for every class")  # fmt: skip
 
     # The exporter labels each engine's roles, and says whether the proxy in front of them answers.
     samples = exporter.samples()
