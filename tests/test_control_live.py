@@ -8,6 +8,7 @@ test_control_law.py; the controller steering the simulator under load is in test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -197,9 +198,14 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
                                         "control": {"enabled": True, "admission": True, **control}})  # fmt: skip
         return Controller(config, Store(tmp_path / f"{next(databases)}.db"), admins={})
 
-    async def admit(c: Controller) -> None:  # one tick's calls on the cap route, as _tick_one makes them
+    @contextlib.asynccontextmanager
+    async def admins(c: Controller):  # the controller's admin clients, on one real HTTP session
         async with aiohttp.ClientSession() as session:
             c._admins = {n: AdminClient(session, u, t) for n, (u, t) in engines.items()}
+            yield
+
+    async def admit(c: Controller) -> None:  # one tick's calls on the cap route, as _tick_one makes them
+        async with admins(c):
             for name in engines:
                 await c._admit(name, None, time.time())
 
@@ -213,8 +219,7 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
 
     async def ticks(c: Controller, *names: str) -> list[bool]:  # whole ticks: what the law was told of the door
         told.clear()
-        async with aiohttp.ClientSession() as session:
-            c._admins = {n: AdminClient(session, u, t) for n, (u, t) in engines.items()}
+        async with admins(c):
             for name in names:
                 await c._tick_one(name, time.time(), {name: EngineState()})
         await c._http.aclose()
