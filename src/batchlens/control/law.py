@@ -75,7 +75,7 @@ baseline. Each tick, in this order:
    any fall can show, and near capacity the backlog of those seconds is
    never drained (the Azure conversation trace from 600 s at x0.75: 32 ->
    48 on an engine that peaks near 24, 0.69 of the best static limit; held
-   at 32 until ``keep_up`` brought it down, 0.86).
+   at 32 until ``past_peak`` took it to 24, 0.86).
 
 A replayed run starts at ``start_limit``, an eighth of the capacity unless
 set: a burst into an engine whose gate is wide open ruins every request in
