@@ -183,9 +183,7 @@ class Decision:
 
 def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Decision:
     limit = state.limit
-    # The batch that made the window's tokens: tokens/s x the mean gap between them (each request in decode
-    # gives one token a step). The running gauge is the batch at the window's end, not during it.
-    batch = w.tokens_per_second * w.itl.mean if w.itl.count > 0 else math.nan
+    batch = batch_served(w)
     # Only a window that starts after the batch settled shows what a limit serves: requests just let in are
     # still in prefill and give no tokens yet.
     settled = now - w.seconds >= state.since + tuning.settle_seconds
@@ -221,7 +219,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         # Back to the peak's batch, rounded up as the move rounds it, must be a cut, and past a limit that bound
         # the peak: at 4 a peak's batch of 3.6 went "back" to 4, and the ceiling it left held the limit there for
         # peak_seconds (a real vLLM on the CPU, under a queue 28 s long).
-        fell = settled and saturated and past_the_peak(peak, limit, w, batch, tuning.past_peak)
+        fell = settled and saturated and past_the_peak(peak, limit, w, tuning.past_peak)
         state = replace(state, below=state.below + 1 if fell else 0)
         if state.below >= 2:
             # Twice in a row, a bigger batch served fewer tokens/s than a smaller one did: it only lengthens
@@ -246,7 +244,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         single = one_slot(state, tuning.door) is not None
         far = (not single and state.ceiling is None
                and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2))  # fmt: skip
-        if far and settled and past_the_peak(state.peak, limit, w, batch, CLIMB_SHARE):
+        if far and settled and past_the_peak(state.peak, limit, w, CLIMB_SHARE):
             # The throughput has stopped rising: doubling would overshoot the peak before a fall can show.
             return Decision(state, "steady")
         target = limit + 1 if single else 2 * limit if far else limit + math.ceil(math.sqrt(limit))
@@ -266,14 +264,20 @@ def one_slot(state: State, door: bool) -> str | None:
     return None
 
 
-def past_the_peak(peak: Peak | None, limit: int, w: Window, batch: float, share: float = 1.0) -> bool:
+def batch_served(w: Window) -> float:
+    """The batch that made the window's tokens: tokens/s x the mean gap between them (each request in decode gives
+    one token a step); NaN with no gap. The running gauge is the batch at the window's end, not during it."""
+    return w.tokens_per_second * w.itl.mean if w.itl.count > 0 else math.nan
+
+
+def past_the_peak(peak: Peak | None, limit: int, w: Window, share: float = 1.0) -> bool:
     """Whether a window at ``limit`` is past the throughput peak: its batch over PEAK_BATCH_SPAN times the peak's,
     serving under ``share`` of the peak's tokens/s, at a limit above the peak's batch (rounded up, as a move
     rounds it) and above a limit that bound the peak (a batch under it is that limit's, less the turnover: at
     a binding 12 a real vLLM's peak was a batch of 10.2, and windows at 12 serving less are noise)."""
     if peak is None or max(math.ceil(peak.batch), peak.limit) >= limit:
         return False
-    return batch > PEAK_BATCH_SPAN * peak.batch and w.tokens_per_second < share * peak.tokens_per_second
+    return batch_served(w) > PEAK_BATCH_SPAN * peak.batch and w.tokens_per_second < share * peak.tokens_per_second
 
 
 def prefill_bound(capacity: Capacity | None) -> bool:
