@@ -74,6 +74,9 @@ PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no t
 PREFILL_MIX = Capacity(demand=Demand().observe(60, arrived=300, finished=600, tokens=60_000, prompted=2_400_000))
 CHAT_MIX = Capacity(demand=Demand().observe(60, arrived=300, finished=600, tokens=60_000, prompted=240_000))
 
+# The pace over the SLO in a window whose requests arrived at 12/s, against CHAT_MIX's 5/s.
+OVER_IN_A_BURST = replace(w(running=32, pace=0.15), arrived_per_second=12)
+
 
 @pytest.mark.parametrize(
     ("state", "win", "now", "limit", "reason"),
@@ -86,6 +89,12 @@ CHAT_MIX = Capacity(demand=Demand().observe(60, arrived=300, finished=600, token
         (State(32, since=99), w(running=32, waiting=9, pace=0.4), 100, 32, "steady"),
         (State(32, since=99), w(running=32, waiting=9, pace=0.4), 104, 16, "pace_over"),
         (State(32, since=99, hold_until=129), w(running=32, pace=0.4), 100, 16, "pace_over"),  # after a cut: no
+        # ... nor on a window whose arrivals came at over BURST x their average rate (5/s here): the burst's
+        # prefills stall the steps for a moment (the published profile's bursty load: 144 -> 77 on one such
+        # window at 187 ms, whose next ran at 25 ms); the next window over is cut, as is one of usual arrivals
+        (State(32, capacity=CHAT_MIX), OVER_IN_A_BURST, 100, 32, "steady"),
+        (State(32, capacity=CHAT_MIX, over=1), OVER_IN_A_BURST, 100, 21, "pace_over"),
+        (State(32, capacity=CHAT_MIX), replace(OVER_IN_A_BURST, arrived_per_second=6), 100, 21, "pace_over"),
         # draining: judge nothing until hold_until
         (State(16, hold_until=105), w(running=30, pace=0.5), 103, 16, "drain"),
         (State(16, hold_until=105), w(running=16, waiting=9, pace=0.05), 106, 20, "headroom"),
