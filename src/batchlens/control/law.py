@@ -23,9 +23,10 @@ baseline. Each tick, in this order:
    the burst waiting (the published profile's bursty load cut 144 -> 77 on
    one window at 187 ms, whose next ran at 25 ms: 0.966 of the best static
    limit, 0.975 judged a window later; with the door 0.972 -> 0.982). A
-   second window over in a row is cut. A steady excess of long prompts arrives at the usual rate,
-   and is cut at once (the article's phase load: 0.98 of the best static
-   limit with every first window judged a window later, 0.99 this way).
+   second window over in a row is cut. A steady excess of long prompts
+   arrives at the usual rate, and is cut at once (the article's phase load:
+   0.98 of the best static limit with every first window judged a window
+   later, 0.99 this way).
 3. **KV ceiling.** KV usage above ``kv_target`` means preemptions are near:
    the limit comes down to running x kv_target / KV usage.
 4. **App-limited.** Fewer than half the limit run and nothing waits: the limit
@@ -296,11 +297,11 @@ def past_the_peak(peak: Peak | None, limit: int, w: Window, share: float = 1.0) 
 
 
 def burst(capacity: Capacity | None, w: Window) -> bool:
-    """Whether requests arrived in the window at over BURST times their average rate of late."""
-    demand = None if capacity is None else capacity.demand
-    if demand is None or demand.seconds <= 0:
+    """Whether requests arrived in the window at over BURST times their average rate over the last
+    ``demand_seconds`` (the window's own included); not before the capacity model has a window."""
+    if capacity is None or capacity.demand.seconds <= 0:
         return False
-    return w.arrived_per_second > BURST * demand.arrived / demand.seconds
+    return w.arrived_per_second > BURST * capacity.demand.arrived / capacity.demand.seconds
 
 
 def prefill_bound(capacity: Capacity | None) -> bool:
