@@ -138,11 +138,15 @@ class Demand:
         return Demand(self.seconds + seconds, self.arrived + arrived, self.finished + finished, self.tokens + tokens,
                       self.prompted + prompted)  # fmt: skip
 
+    def arrived_per_second(self) -> float:
+        """Requests/s that arrived; NaN before any window."""
+        return self.arrived / self.seconds if self.seconds > 0 else math.nan
+
     def asked(self) -> float:
         """Tokens/s asked of the engine: arrivals/s x the tokens a finished request took; NaN before any finished."""
         if self.seconds <= 0 or self.finished <= 0:
             return math.nan
-        return self.arrived / self.seconds * self.tokens / self.finished
+        return self.arrived_per_second() * self.tokens / self.finished
 
     def served(self) -> float:
         """Tokens/s the engine gave; NaN before any window."""

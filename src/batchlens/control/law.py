@@ -299,9 +299,8 @@ def past_the_peak(peak: Peak | None, limit: int, w: Window, share: float = 1.0) 
 def burst(capacity: Capacity | None, w: Window) -> bool:
     """Whether requests arrived in the window at over BURST times their average rate over the last
     ``demand_seconds`` (the window's own included); not before the capacity model has a window."""
-    if capacity is None or capacity.demand.seconds <= 0:
-        return False
-    return w.arrived_per_second > BURST * capacity.demand.arrived / capacity.demand.seconds
+    average = math.nan if capacity is None else capacity.demand.arrived_per_second()
+    return not math.isnan(average) and w.arrived_per_second > BURST * average
 
 
 def prefill_bound(capacity: Capacity | None) -> bool:
