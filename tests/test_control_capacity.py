@@ -103,6 +103,14 @@ def test_the_prefill_share_is_the_prompt_tokens_of_all_processed_and_ages_with_t
         (State(40, capacity=capacity_of(True)), w(running=40, waiting=30, pace=0.042), 34, "keep_up"),
         # ... not before the last step's limit has run KEEP_UP_DWELL
         (State(40, since=95, capacity=capacity_of(True)), w(running=40, waiting=30, pace=0.042), 40, "steady"),
+        # ... nor while a fall is remembered (past_peak cut from 48) with no door beside the limit: the law holds
+        # the batch the fall showed, as growth is held there (control/law.py's holding)
+        (
+            State(40, ceiling=48, ceiling_until=150, capacity=capacity_of(True)),
+            w(running=40, waiting=30, pace=0.042),
+            40,
+            "steady",
+        ),
         # serving what is asked with the margin: a bigger batch takes in bursts, so headroom may grow it
         (State(40, capacity=capacity_of(False)), w(running=40, waiting=30, pace=0.042), 47, "headroom"),
         # short, but before the peak (slope under 1 at the small limits it has run): growth serves more
@@ -117,6 +125,9 @@ def test_the_prefill_share_is_the_prompt_tokens_of_all_processed_and_ages_with_t
 def test_keep_up_case_by_case(state: State, win, limit: int, reason: str) -> None:
     decision = decide(state, replace(win, kv_usage=0.005 * state.limit), 100, SLO, TUNING)
     assert (decision.limit, decision.reason) == (limit, reason)
+    if state.ceiling is not None:  # with a door beside the limit, which sheds the backlog, keep_up steps as ever
+        door = decide(state, replace(win, kv_usage=0.005 * state.limit), 100, SLO, replace(TUNING, door=True))
+        assert (door.limit, door.reason) == (34, "keep_up")
     if reason == "keep_up":
         assert limit == math.floor(state.limit * KEEP_UP_CUT) and decision.state.hold_until == 100 + 5.0
         said = decision.state.capacity.said(state.limit)  # the log line's facts

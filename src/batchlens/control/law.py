@@ -39,7 +39,8 @@ baseline. Each tick, in this order:
    throughput peak, and far enough that the burst room a bigger batch gives
    is not worth it), the limit steps down x0.85 and does not grow. This finds
    the peak where tokens/s alone cannot: near capacity it falls too slowly
-   past the peak for 2 s windows to show through their noise.
+   past the peak for 2 s windows to show through their noise. Not while the
+   law holds after a fall (7).
 6. **Past the throughput peak.** The law remembers the most tokens/s any
    window showed and the batch that made them (tokens/s x the mean gap),
    averaged when that batch is seen again (so a change of mix corrects it).
@@ -70,8 +71,14 @@ baseline. Each tick, in this order:
    capacity a sqrt step back past the peak built a backlog that the engine
    never drained (Azure conversation trace, from 600 s at x0.75: 24 -> 29 ->
    35 -> 41 after a fall at 48, 0.57 of the best static limit; one slot a
-   step, 0.73). A door sheds such a backlog, and there the sqrt step served
-   more (article ramp 1.36 against 1.31 of the best static). On a
+   step, 0.73). While the fall is remembered and the engine serves short of
+   what is asked, it does not move at all, nor does ``keep_up`` step it
+   down (``holding``): that backlog drains only at the peak, and near it
+   tokens/s are too flat for a window to tell one slot from the next (the
+   same trace regrew 24 -> 31 after a fall at 32, then keep_up walked it
+   down to 15, on 900-1,100 tokens/s throughout: 0.86; held, 0.94). A door
+   sheds such a backlog, and there the sqrt step served more (article ramp
+   1.36 against 1.31 of the best static), and keep_up steps as ever. On a
    prefill-bound mix (``PREFILL_BOUND``: long prompts, short answers) growth
    is one slot a tick: there a bigger batch buys next to no tokens/s, and a
    step lets a burst's prompts in together, whose prefills stall every
@@ -219,8 +226,9 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         if ceiling < limit:
             return _move(state, ceiling, now + tuning.drain_seconds, "kv_ceiling", tuning, now)
     saturated = w.waiting > 0 and w.running >= 0.9 * limit
+    held = holding(state, now, tuning)
     step, past = _keep_up(state, pace, settled, now - w.seconds - state.since, now, slo, tuning)
-    if saturated and step:
+    if saturated and step and not held:
         state = replace(state, stepped=now)
         return _move(state, math.floor(limit * KEEP_UP_CUT), now + tuning.drain_seconds, "keep_up", tuning, now)
     if tuning.past_peak is not None and batch >= 1:
@@ -256,6 +264,8 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         # prefill-bound mix, and after a fall with no door (one_slot).
         if state.ceiling is not None and not settled:
             return Decision(state, "steady")  # probe, then measure: growth past a peak must show its tokens/s
+        if held:
+            return Decision(state, "steady")
         capped = state.ceiling is not None and now < state.ceiling_until
         single = one_slot(state, tuning.door) is not None
         far = (not single and state.ceiling is None
@@ -310,6 +320,21 @@ def prefill_bound(capacity: Capacity | None) -> bool:
     return not math.isnan(share) and share >= PREFILL_BOUND
 
 
+def holding(state: State, now: float, tuning: Tuning) -> bool:
+    """Whether the law holds the limit where ``past_peak`` brought it, neither growing nor stepping down
+    (``keep_up``): while the fall is remembered, with no ``door`` beside the limit, and the engine serving short
+    of what is asked. Its backlog drains only at the peak, and near it tokens/s are too flat for a window to
+    tell one slot from the next: steps either way only walk in the noise, away from the batch the fall showed."""
+    fallen = state.ceiling is not None and now < state.ceiling_until
+    return fallen and not tuning.door and short(state, tuning)
+
+
+def short(state: State, tuning: Tuning) -> bool:
+    """Whether the engine serves under ``keep_up`` x what is asked of it (control/capacity.py): the queue grows,
+    or would at the next burst. Not judged with ``keep_up`` None, or before the capacity model has a window."""
+    return tuning.keep_up is not None and state.capacity is not None and state.capacity.short(tuning.keep_up)
+
+
 def _keep_up(state: State, pace: float, settled: bool, dwelt: float, now: float, slo: Slo,
              tuning: Tuning) -> tuple[bool, bool]:  # fmt: skip
     """(step down now, no growth): falling short of what is asked (control/capacity.py), is a smaller batch
@@ -317,9 +342,9 @@ def _keep_up(state: State, pace: float, settled: bool, dwelt: float, now: float,
     KEEP_UP_DWELL; over it but unsure, or with no slope at all while the pace stops growth, a step every
     KEEP_UP_PROBE all the same: holding still on one limit, the slope learns nothing, and the queue grows.
     ``dwelt``: how long the window ran at this limit."""
-    capacity = state.capacity
-    if tuning.keep_up is None or capacity is None or not capacity.short(tuning.keep_up):
+    if not short(state, tuning):
         return False, False
+    capacity = state.capacity
     slope = capacity.slope.elasticity(state.limit)
     past = slope is not None and slope[0] > KEEP_UP_SLOPE
     if slope is not None and slope[0] - slope[1] > KEEP_UP_SLOPE:
