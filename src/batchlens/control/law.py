@@ -249,7 +249,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             # Twice in a row, a bigger batch served fewer tokens/s than a smaller one did: it only lengthens
             # the queue (L2 thrashing, prefill stalls). Down to the peak's batch, and no growth back to this
             # limit for a while.
-            ceiling = limit if state.ceiling is None or now >= state.ceiling_until else min(limit, state.ceiling)
+            ceiling = min(limit, state.ceiling) if remembered(state, now) else limit
             state = replace(state, ceiling=ceiling, ceiling_until=now + tuning.peak_seconds, below=0)
             return _move(state, math.ceil(peak.batch), now + tuning.drain_seconds, "past_peak", tuning, now)
         if fell:
@@ -266,7 +266,7 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             return Decision(state, "steady")  # probe, then measure: growth past a peak must show its tokens/s
         if held:
             return Decision(state, "steady")
-        capped = state.ceiling is not None and now < state.ceiling_until
+        capped = remembered(state, now)
         single = one_slot(state, tuning.door) is not None
         far = (not single and state.ceiling is None
                and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds / 2))  # fmt: skip
@@ -325,8 +325,12 @@ def holding(state: State, now: float, tuning: Tuning) -> bool:
     (``keep_up``): while the fall is remembered, with no ``door`` beside the limit, and the engine serving short
     of what is asked. Its backlog drains only at the peak, and near it tokens/s are too flat for a window to
     tell one slot from the next: steps either way only walk in the noise, away from the batch the fall showed."""
-    fallen = state.ceiling is not None and now < state.ceiling_until
-    return fallen and not tuning.door and short(state, tuning)
+    return remembered(state, now) and not tuning.door and short(state, tuning)
+
+
+def remembered(state: State, now: float) -> bool:
+    """Whether a fall's ceiling still holds: ``past_peak`` cut less than ``peak_seconds`` ago."""
+    return state.ceiling is not None and now < state.ceiling_until
 
 
 def short(state: State, tuning: Tuning) -> bool:
