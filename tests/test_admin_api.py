@@ -197,8 +197,19 @@ def test_a_header_that_is_not_an_integer_is_standard_never_critical(header, prio
 
 @pytest.mark.parametrize(
     ("queued", "rate", "seconds"),
-    [(0, None, 1), (50_000, None, 1), (0, 2000.0, 1), (2000, 2000.0, 1), (2001, 2000.0, 2), (9000, 2000.0, 5)],
-)
+    [(0, None, 1), (50_000, None, 1), (0, 2000.0, 1), (2000, 2000.0, 1), (2001, 2000.0, 2), (9000, 2000.0, 5),
+     (300, 1e-3, 60), (300, 5e-324, 60)],  # a minute at most, and never ceil(inf)
+)  # fmt: skip
 def test_a_refusal_says_when_the_backlog_will_have_drained(queued, rate, seconds) -> None:
     state = AdmissionState(num_queued_tokens=queued, num_unfinished_reqs=1, prefill_tokens_per_second=rate)
     assert retry_after(state) == seconds
+
+
+def test_a_cap_of_0_set_at_launch_reads_back_though_a_put_of_0_is_refused() -> None:
+    """vLLM takes ``--max-num-queued-reqs 0`` (refuse everything); the reply must carry it, or GET answers 500 and
+    every one of vLLM's own 503s dies in the middleware's Retry-After."""
+    launched = AdmissionState(max_num_queued_reqs=0, num_queued_tokens=0, num_unfinished_reqs=0)
+    assert launched.max_num_queued_reqs == 0 and retry_after(launched) == 1
+    with pytest.raises(AdminError) as refused:
+        parse_admission(b'{"max_num_queued_reqs": 0}')
+    assert refused.value.status == 400

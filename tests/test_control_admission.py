@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -44,6 +45,9 @@ def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str
     refusing = window(sample(0, 1000, 0), sample(2, 5000, 0, finished=10, rejected=4))
     assert refusing.rejected_per_second == 2 and saturated(refusing, 2.0) == Saturated(2.0, 2000, 5.0)
     assert read_sample(vllm_exposition, 0).prompt_tokens > 0  # vLLM's own counter, vllm:prompt_tokens_total
+    for broken in ({"prompt_tokens_per_second": math.nan}, {"prompt_tokens_per_second": math.inf},
+                   {"finished_per_second": math.nan}):  # fmt: skip
+        assert saturated(replace(busy, **broken), 2.0) is None, f"{broken}: int(nan) would raise in the cap"
 
 
 def test_the_shed_share_is_the_doors_refusals_over_what_was_settled_and_reads_vllms_counter_every_reason() -> None:
@@ -103,6 +107,14 @@ def test_a_request_refused_at_the_cap_would_have_missed_its_ttft_with_the_doors_
     assert in_time / draws <= 0.05 + 0.005
     one_fewer = poisson_quantile(finishes, 0.95) - 1
     assert one_fewer < 0 or 1 - sum(_poisson(finishes, n) for n in range(one_fewer + 1)) > 0.05, "the smallest such"
+
+
+@pytest.mark.parametrize("finishes", [746.0, 2_000.0, 20_000.0])
+def test_a_busy_engines_quantile_is_just_past_the_mean(finishes) -> None:
+    """Past about 745 finishes per TTFT e^-mean underflows: the quantile must still be the mean plus about 1.645
+    standard deviations (the normal limit), not the loop's guard at 10x the mean (a door that never sheds)."""
+    normal = finishes + 1.645 * math.sqrt(finishes)
+    assert abs(poisson_quantile(finishes, 0.95) - normal) <= 2
 
 
 def _poisson(mean: float, n: int) -> float:

@@ -82,7 +82,7 @@ def test_past_capacity_the_controller_caps_the_queue_sheds_the_rest_the_breaker_
         sim.stop()
 
 
-def test_a_cap_set_by_hand_stands_for_the_hold_and_a_restart_after_kill_9_goes_on_from_the_cap_in_force(
+def test_a_cap_set_by_hand_stands_for_the_hold_and_through_a_restart_after_kill_9(
     tmp_path,
 ) -> None:
     sim = SimulatorProcess(tmp_path, speed=SPEED, args=("--max-num-seqs", "16"))
@@ -100,11 +100,12 @@ def test_a_cap_set_by_hand_stands_for_the_hold_and_a_restart_after_kill_9_goes_o
         hook.kill9()
         assert admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] == 5000  # the engine keeps it
         hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
-        # A new process goes on from the cap in force (no hand to see), and with no estimate the door opens.
-        eventually(lambda: admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] is None, timeout=10,
-                   what="the restarted controller lifting the cap")  # fmt: skip
+        # A new process goes on from what the store kept: the hand's hold still stands, and it says so.
+        eventually(lambda: decisions(hook).get("admission_manual_hold", 0) >= 5, what="the hold kept over a restart")
+        assert admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] == 5000
         log = hook.process.log_path.read_text()
-        assert "queued-token cap 5000 -> none (no_signal" in log and "set by hand" not in log
+        assert "a queued-token cap set by hand still holds the door's control off" in log, log
+        assert "queued-token cap 5000 ->" not in log
     finally:
         hook.stop()
         sim.stop()

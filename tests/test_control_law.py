@@ -21,7 +21,7 @@ from batchlens.config import Control
 from batchlens.control.capacity import Capacity, Demand, PaceSlope
 from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace, one_slot, prefill_bound
 from batchlens.control.pid import Gains, PidState, decide_pid
-from batchlens.control.signals import Histogram, Window, read_sample, window
+from batchlens.control.signals import Histogram, NotFinite, Window, read_sample, window
 from batchlens.control.steering import Steering, bounds_said, steer, tuning
 from batchlens.goodput import Slo
 
@@ -65,6 +65,18 @@ def test_a_real_vllm_exposition_reads_into_a_sample(vllm_exposition: str) -> Non
     assert 0 < sample.itl.mean < sample.itl.buckets[-2][0], "the exact mean gap, from _sum over _count"
     later = read_sample(vllm_exposition, time=12.0)
     assert window(sample, later).itl.count == 0 and window(sample, later).tokens_per_second == 0
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf"])
+@pytest.mark.parametrize("series", ["vllm:num_requests_waiting{", "vllm:prompt_tokens_total{", "vllm:time_to_first"])
+def test_a_nan_or_infinite_figure_is_no_sample(vllm_exposition: str, series: str, value: str) -> None:
+    """The text format allows NaN and +Inf in any sample; a rate or a cap computed from one raises (int(nan)) or
+    overflows (ceil(inf)) deep in the law or the door, so the reading fails instead, as one that does not parse."""
+    lines = vllm_exposition.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(series))
+    lines[at] = lines[at].rsplit(" ", 1)[0] + " " + value
+    with pytest.raises(NotFinite, match=f"is {value.lstrip('+').lower()}"):
+        read_sample("\n".join(lines) + "\n", time=10.0)
 
 
 TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
@@ -465,6 +477,19 @@ def test_a_hand_on_the_knob_pauses_control_and_it_resumes_from_the_hand_after_th
     assert (held.state.limit, held.reason) == (50, "manual_hold")
     back = tick(held.state, now=161, in_force=50, signals=w(running=50, waiting=9, pace=0.02))
     assert back.event == "resumed" and back.state.manual_until == 0 and back.state.limit > 50
+
+
+def test_a_limit_outside_the_bounds_comes_within_them_before_the_law_decides() -> None:
+    bounded = Control(enabled=True, min_limit=4, max_limit=32)
+    restarted = tick(Steering(State(64), seen_limit=64), in_force=64, ours=(64,), signals=w(running=5),
+                     control=bounded, capacity=128)  # a store from before max_limit came down  # fmt: skip
+    assert (restarted.state.limit, restarted.reason) == (32, "out_of_bounds")
+    held = tick(Steering(State(2), seen_limit=2, manual_until=90), in_force=2, ours=(2,), signals=w(running=1),
+                control=bounded)  # a hand's 2, its hold over  # fmt: skip
+    assert (held.state.limit, held.reason, held.event) == (4, "out_of_bounds", "resumed")
+    cold = tick(Steering(State(2), seen_limit=2), in_force=2, ours=(2,), breaker_open=True, signals=w(running=1),
+                control=bounded)  # fmt: skip
+    assert cold.state.limit == 2, "the breaker's cold start is the breaker's to lift"
 
 
 def test_a_limit_batchlens_set_is_not_mistaken_for_a_hand() -> None:

@@ -24,9 +24,12 @@ from batchlens.control.law import State
 from batchlens.control.live import Controller
 from batchlens.control.steering import Steering, Tick
 from batchlens.control.steering import steer as live_steer
-from batchlens.remediation.admin_client import AdminClient
+from batchlens.exporter.sampler import SourceError
+from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.breaker import EngineState
 from batchlens.remediation.store import Store
+from harness.admin import AdminClient as EngineAdmin
+from harness.admin import set_caps
 from harness.exporter import one, pick
 from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
@@ -252,3 +255,103 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
         assert said(live, "sim") == (False, True), "gone: asked again when it is back"
     finally:
         sim.stop()
+
+
+def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figures_stop(tmp_path, caplog) -> None:
+    # Controllers on one store, started and stopped as kill -9 and a restart would, each tick's cap calls over
+    # real HTTP to the simulator's admission route. Fault boundaries: the engine's /metrics read
+    # (Controller._fetch) fails on cue, and one PUT lands but answers with an error, as a timeout does.
+    sim = SimulatorProcess(tmp_path)
+    engine = EngineAdmin(sim.url, sim.token)
+    config = Config.model_validate(
+        {
+            "engines": [{"name": "sim", "url": sim.url}],
+            "control": {"enabled": True, "admission": True, "manual_hold_seconds": 600},
+        }
+    )
+
+    def cap() -> int | None:
+        return engine.request("GET", "/batchlens/v1/admission")[1]["max_num_queued_tokens"]
+
+    async def run(c: Controller, step) -> None:
+        async with aiohttp.ClientSession() as session:
+            c._admins = {"sim": AdminClient(session, sim.url, sim.token)}
+            await step(c)
+        await c._http.aclose()
+
+    def started(at: float) -> Controller:
+        return Controller(config, Store(tmp_path / "hook.db"), admins={}, clock=lambda: at)
+
+    def reasons(c: Controller) -> dict[str, int]:
+        return {reason: n for (_, reason), n in c.decisions.items() if reason.startswith("admission_")}
+
+    try:
+        set_caps(engine, max_num_queued_tokens=3000)  # at launch, or by a batchlens before a kill -9
+        first = started(1000)
+        asyncio.run(run(first, lambda c: c._admit("sim", None, 1000)))
+        assert cap() == 3000 and reasons(first) == {"admission_resumed": 1}, "not lifted on a loaded engine's start"
+        again = started(1030)  # kill -9 and a restart: the store says 3000 is batchlens's own
+        assert again.caps_in_force["sim"] == 3000
+        asyncio.run(run(again, lambda c: c._admit("sim", None, 1030)))
+        assert cap() == 3000 and reasons(again) == {"admission_resumed": 1}
+        asyncio.run(run(again, lambda c: c._admit("sim", None, 1030 + 61)))  # no estimate in stale_seconds
+        assert cap() is None and reasons(again)["admission_no_signal"] == 1, "the door fails open"
+
+        set_caps(engine, max_num_queued_tokens=5000)  # a hand
+        asyncio.run(run(again, lambda c: c._admit("sim", None, 1100)))
+        assert cap() == 5000 and reasons(again)["admission_manual_hold"] == 1
+        with caplog.at_level(logging.WARNING, "batchlens.control"):
+            held = started(1110)  # kill -9 during the hand's hold
+        assert "a queued-token cap set by hand still holds the door's control off for 590 s" in caplog.text
+        asyncio.run(run(held, lambda c: c._admit("sim", None, 1110)))
+        assert cap() == 5000 and reasons(held) == {"admission_manual_hold": 1}, "the hold survives the restart"
+
+        async def lands_then_errs(c: Controller) -> None:
+            real = c._admins["sim"].set_admission
+
+            async def put(**caps):
+                await real(**caps)
+                raise AdminCallError("timeout", "no answer within 2 s")
+
+            c._admins["sim"].set_admission = put
+            await c._admit("sim", None, 1800)  # the hold is over, nothing to estimate from: the door opens
+
+        asyncio.run(run(held, lands_then_errs))
+        assert cap() is None and reasons(held)["admission_error"] == 1
+        asyncio.run(run(held, lambda c: c._admit("sim", None, 1802)))
+        assert reasons(held)["admission_manual_hold"] == 1, "its own PUT landed: no hand"
+        assert held.caps_in_force["sim"] is None and held._cap_hold_until["sim"] < 1802
+
+        set_caps(engine, max_num_queued_tokens=3000)
+        blind = started(0)
+        blind.caps_in_force["sim"] = 3000  # batchlens's, from a window long gone
+
+        async def metrics_fail(c: Controller) -> None:
+            async def fetch(name: str) -> str:
+                raise SourceError("too_large", "metrics body over exporter.max_response_bytes")
+
+            c._fetch = fetch
+            await c._tick_one("sim", 2000, {"sim": EngineState()})
+
+        asyncio.run(run(blind, metrics_fail))
+        assert cap() is None, "the admin API answers, /metrics does not: the cap still goes once stale"
+        assert blind.decisions[("sim", "no_signal")] == 1 and reasons(blind) == {"admission_no_signal": 1}
+    finally:
+        sim.stop()
+
+
+def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, vllm_exposition) -> None:
+    config = Config.model_validate({"engines": [{"name": "a", "url": engine(upstreams, "a", vllm_exposition)}],
+                                    "control": {"enabled": True, "interval_seconds": 2}})  # fmt: skip
+    c = Controller(config, Store(tmp_path / "hook.db"), admins={})
+
+    async def ticks() -> list[bool]:
+        c._due["a"] = 1000.0 + 3600  # the last tick was scheduled an hour ahead of where NTP put the clock
+        c._admins = {}
+        started = []
+        c.tick(1000.0, {"a": EngineState()})
+        started.append("a" in c._in_flight)
+        await c.close()
+        return started
+
+    assert asyncio.run(ticks()) == [True]

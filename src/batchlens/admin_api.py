@@ -24,6 +24,9 @@ CACHE_RESET_PATH = API_PREFIX + "reset_prefix_cache"
 ADMISSION_PATH = API_PREFIX + "admission"
 TOKEN_ENV = "BATCHLENS_ADMIN_TOKEN"
 MAX_BODY_BYTES = 4096
+# A refusal's Retry-After is at most this: a client told to come back in days never does, and a minute on the
+# backlog and its drain rate have both moved.
+RETRY_AFTER_MAX_SECONDS = 60
 
 
 Model = TypeVar("Model", bound="BaseModel")
@@ -93,10 +96,11 @@ class AdmissionState(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    #: Prompt tokens of the requests still in prefill at which a new request is refused; None: no cap.
-    max_num_queued_tokens: int | None = Field(None, ge=1)
+    #: Prompt tokens of the requests still in prefill at which a new request is refused; None: no cap. 0 (refuse
+    #: every request) is vLLM's to allow at launch (``--max-num-queued-tokens 0``), never the PUT's.
+    max_num_queued_tokens: int | None = Field(None, ge=0)
     #: Unfinished requests (waiting and running) at which a new request is refused; None: no cap.
-    max_num_queued_reqs: int | None = Field(None, ge=1)
+    max_num_queued_reqs: int | None = Field(None, ge=0)
     num_queued_tokens: int = Field(ge=0)
     num_unfinished_reqs: int = Field(ge=0)
     #: The prefill rate the caps rest on, as the controller measured it: a refusal's Retry-After is the backlog
@@ -193,9 +197,11 @@ def parse_admission(body: bytes) -> dict[str, int | None]:
 
 
 def retry_after(state: AdmissionState) -> int:
-    """A refusal's Retry-After: whole seconds for the backlog to drain at the measured prefill rate, at least 1."""
+    """A refusal's Retry-After: whole seconds for the backlog to drain at the measured prefill rate, at least 1
+    and at most RETRY_AFTER_MAX_SECONDS (a rate of 1e-300 tokens/s would make it infinite)."""
     rate = state.prefill_tokens_per_second
-    return 1 if not rate else max(1, math.ceil(state.num_queued_tokens / rate))
+    drain = state.num_queued_tokens / rate if rate else 1.0
+    return min(RETRY_AFTER_MAX_SECONDS, max(1, math.ceil(drain))) if math.isfinite(drain) else RETRY_AFTER_MAX_SECONDS
 
 
 def combine(engines: Sequence[Mapping[str, int]]) -> BatchState:

@@ -54,19 +54,24 @@ def saturated(window: Window, at: float) -> Saturated | None:
     refused at the door. Refusals count as much as a queue: with the door in force it keeps the queue short, and
     a window whose sample found nobody waiting would otherwise not count, the estimate would run out of windows,
     and the door would open on an engine still overloaded (seen: the breaker then halved to a cold start)."""
-    if (window.waiting <= 0 and window.rejected_per_second <= 0) or window.prompt_tokens_per_second <= 0:
+    if (window.waiting <= 0 and window.rejected_per_second <= 0) or not 0 < window.prompt_tokens_per_second < math.inf:
+        return None
+    if not math.isfinite(window.finished_per_second):  # a broken reading (read_sample refuses one live)
         return None
     return Saturated(at, window.prompt_tokens_per_second, window.finished_per_second)
 
 
 def poisson_quantile(mean: float, p: float) -> int:
-    """The smallest n with P(N <= n) >= p for N ~ Poisson(mean)."""
-    n, term = 0, math.exp(-mean)
-    total = term
+    """The smallest n with P(N <= n) >= p for N ~ Poisson(mean).
+
+    Each term in log space: e^-mean underflows to 0 past a mean of about 745 (a busy engine's finishes within a
+    TTFT), and a sum of zeros never reaches p."""
+    n, log_term = 0, -mean
+    total = math.exp(log_term)
     while total < p and n < 10 * mean + 100:  # the bound only guards a p of 1 against rounding
         n += 1
-        term *= mean / n
-        total += term
+        log_term += math.log(mean / n)
+        total += math.exp(log_term)
     return n
 
 

@@ -20,7 +20,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from batchlens.config import Config
 from batchlens.control.admission import (
@@ -32,7 +32,7 @@ from batchlens.control.admission import (
     worth_setting,
 )
 from batchlens.control.law import one_slot
-from batchlens.control.signals import EngineSample, Window, read_sample, window
+from batchlens.control.signals import EngineSample, NotFinite, Window, read_sample, window
 from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, steer
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
@@ -71,11 +71,15 @@ class Controller:
         self._urls = {e.name: e.url + "/metrics" for e in config.engines}
         saved = store.controls()
         self.states = {name: saved.get(name, Steering()) for name in self._urls}
-        started = clock()
+        self._started = started = clock()
         for name, state in self.states.items():
             if state.manual_until > started:  # a restart must not hide that a hand still holds the knob
                 log.warning("%s: a limit set by hand still holds control off for %.0f s (manual_hold_seconds), at %s",
                             name, state.manual_until - started, state.limit)  # fmt: skip
+            if state.cap_manual_until > started and config.control.admission:
+                log.warning("%s: a queued-token cap set by hand still holds the door's control off for %.0f s "
+                            "(manual_hold_seconds), at %s", name, state.cap_manual_until - started,
+                            _cap(state.cap))  # fmt: skip
         self.decisions: Counter[tuple[str, str]] = Counter()  # (instance, reason)
         self.estimates: dict[str, Estimate] = {}
         self._minutes: dict[str, Window] = {}  # instance -> its last minute, for the breaker's view of the door
@@ -93,10 +97,16 @@ class Controller:
         self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
         self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
-        self.caps_in_force: dict[str, object] = dict.fromkeys(self._urls, UNSET)  # as batchlens last set it
+        # The door's working copy of what each Steering keeps for a restart (cap, cap_seen, cap_manual_until).
+        self.caps_in_force: dict[str, object] = {
+            name: state.cap if state.cap_seen else UNSET for name, state in self.states.items()
+        }  # as batchlens last set it, or found it
+        self._cap_sent: dict[str, int | None] = {}  # instance -> a cap whose PUT failed: it may have landed
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
         self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
-        self._cap_hold_until: dict[str, float] = {}  # instance -> until when a cap set by hand stands
+        self._cap_hold_until: dict[str, float] = {
+            name: state.cap_manual_until for name, state in self.states.items() if state.cap_manual_until
+        }  # instance -> until when a cap set by hand stands
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
@@ -132,7 +142,8 @@ class Controller:
         """Start a read-and-decide for every engine that is due; each runs on its own, so a hanging engine
         delays nobody else. ``on_decided`` is called when one finishes, for the hook to apply what it chose."""
         for name, at in self._due.items():
-            if now >= at and name not in self._in_flight:
+            # Due, or the wall clock stepped back (NTP) past the interval: a tick now, not in an hour.
+            if (now >= at or at - now > self.control.interval_seconds) and name not in self._in_flight:
                 self._due[name] = now + self.control.interval_seconds
                 task = asyncio.create_task(self._tick_one(name, now, breakers), name=f"control-{name}")
                 self._in_flight[name] = task
@@ -151,15 +162,19 @@ class Controller:
         await self._http.aclose()
 
     async def _tick_one(self, name: str, now: float, breakers: Mapping[str, EngineState]) -> None:
+        batch = None
         try:
             async with asyncio.timeout(self.control.timeout_seconds):
                 batch = await self._admins[name].get()
                 sample = read_sample(await self._fetch(name), now)
-        except TimeoutError:
-            self._not_steered(name, f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)")
-            return
-        except (AdminCallError, SourceError, ParseError) as exc:
-            self._not_steered(name, str(exc))
+        except (TimeoutError, AdminCallError, SourceError, ParseError, NotFinite) as exc:
+            why = f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)" if isinstance(
+                exc, TimeoutError) else str(exc)  # fmt: skip
+            self._not_steered(name, why)
+            if batch is not None and self._admission is not None:
+                # The admin API answers but /metrics does not: no window to estimate from, and the cap must
+                # still go once its figures are stale (the door fails open, never shut).
+                await self._admit(name, None, now)
             return
         if self._failing.pop(name, None) is not None:
             log.info("%s: answering again: steering resumes after one more reading", name)
@@ -192,16 +207,26 @@ class Controller:
         """The second knob: the queued-token cap from the prefill rate of the saturated windows, or no cap.
 
         The cap in force is read every tick: one that is not what batchlens set was set by hand (or the engine
-        restarted), and pauses this knob for ``manual_hold_seconds``, as a hand on the batch limit does.
+        restarted), and pauses this knob for ``manual_hold_seconds``, as a hand on the batch limit does. What it
+        learned of the cap goes to the store, so that a restart (``kill -9``) goes on from it.
         """
+        await self._door_tick(name, signals, now)
+        cap = self.caps_in_force[name]
+        kept = replace(self.states[name], cap=None if cap is UNSET else cap, cap_seen=cap is not UNSET,
+                       cap_manual_until=self._cap_hold_until.get(name, 0.0))  # fmt: skip
+        if kept != self.states[name]:
+            self.states[name] = kept
+            await self.store.run(self.store.save_control, name, kept, now)
+
+    async def _door_tick(self, name: str, signals: Window | None, now: float) -> None:
         assert self._admission is not None
         try:
             in_force = (await self._admins[name].admission()).max_num_queued_tokens
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
-        ours = self.caps_in_force[name]
-        if ours is not UNSET and in_force != ours:
+        ours, sent = self.caps_in_force[name], self._cap_sent.pop(name, UNSET)
+        if ours is not UNSET and in_force != ours and in_force != sent:  # a PUT that timed out may have landed
             log.warning("%s: the queued-token cap is %s, not the %s batchlens set: set by hand (or the engine "
                         "restarted); the controller leaves the cap alone for %g s", name, _cap(in_force), _cap(ours),
                         self.control.manual_hold_seconds)  # fmt: skip
@@ -215,6 +240,12 @@ class Controller:
         if now < self._cap_hold_until.get(name, 0.0):
             self.decisions[(name, "admission_manual_hold")] += 1
             return
+        if (decision.cap is None and decision.reason in ("no_signal", "too_few_windows") and in_force is not None
+                and now < self._started + self._admission.stale_seconds):  # fmt: skip
+            # Just started (a restart after kill -9, or onto a cap set at launch): the cap in force stands until
+            # the estimate is sure or has had the time to be. Lifting it would open the door on a loaded engine.
+            self.decisions[(name, "admission_resumed")] += 1
+            return
         self.decisions[(name, f"admission_{decision.reason}")] += 1
         if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
             return
@@ -222,6 +253,7 @@ class Controller:
         try:
             await self._admins[name].set_admission(max_num_queued_tokens=decision.cap, prefill_tokens_per_second=rate)
         except AdminCallError as exc:
+            self._cap_sent[name] = decision.cap
             self._admission_failed(name, f"cannot set its queued-token cap: {exc}")
             return
         why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 
 from batchlens.exporter.parser import ExpositionReader
 from batchlens.goodput import Slo
@@ -116,11 +117,31 @@ def read_sample(text: str, time: float) -> EngineSample:
         found = buckets[name] if name is not None else {}
         return Histogram(tuple(sorted(found.items())), sums.get(name, 0.0) if name is not None else 0.0)
 
-    return EngineSample(
+    sample = EngineSample(
         time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),
         generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
         finished=first(FINISHED), prompt_tokens=first(PROMPTED), rejected=first(REJECTED),
     )  # fmt: skip
+    # The text format allows NaN and +Inf anywhere; in these figures they are a broken engine, and a rate or a
+    # cap computed from one is not a number either (int(nan) raises, ceil(inf) overflows).
+    for name, value in _figures(sample):
+        if not math.isfinite(value):
+            raise NotFinite(f"{name} is {value}: the controller reads only finite figures")
+    return sample
+
+
+class NotFinite(ValueError):
+    """A sample with a NaN or infinite figure: not steered on, as a sample that does not parse."""
+
+
+def _figures(sample: EngineSample) -> Iterator[tuple[str, float]]:
+    for field in fields(sample):
+        value = getattr(sample, field.name)
+        if isinstance(value, Histogram):
+            yield f"{field.name} sum", value.sum
+            yield from ((f"{field.name} bucket le={le:g}", count) for le, count in value.buckets)
+        else:
+            yield field.name, value
 
 
 @dataclass(frozen=True)

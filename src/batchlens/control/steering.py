@@ -28,7 +28,7 @@ from batchlens.control.signals import Window
 from batchlens.goodput import Slo
 
 #: Reasons a tick decides nothing of the law's own, as metric labels (besides the law's reasons).
-LIVE_REASONS = ("manual_hold", "breaker_open", "no_signal", "warming_up")
+LIVE_REASONS = ("manual_hold", "breaker_open", "no_signal", "warming_up", "out_of_bounds")
 MODEL_SAVE_SECONDS = 30.0  # the capacity model alone changed: saved at most this often (a store write per tick else)
 
 
@@ -39,6 +39,11 @@ class Steering:
     law: State | None = None  # the law's own state; None until the controller's first tick
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
+    # The door (control.admission): the queued-token cap batchlens last set or found in force (None: no cap),
+    # whether it ever read or set one (a restart goes on from it), and until when a cap set by hand stands.
+    cap: int | None = None
+    cap_seen: bool = False
+    cap_manual_until: float = 0.0
 
     @property
     def limit(self) -> int | None:
@@ -56,11 +61,13 @@ class Steering:
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
         law = {} if self.law is None else asdict(self.law)  # the peak and the capacity model too, as dicts
-        return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until}
+        return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until,
+                "cap": self.cap, "cap_seen": self.cap_seen, "cap_manual_until": self.cap_manual_until}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
-        live = cls(seen_limit=data.get("seen_limit"), manual_until=data.get("manual_until", 0.0))
+        door = {k: data[k] for k in ("cap", "cap_seen", "cap_manual_until") if k in data}  # older stores: none
+        live = cls(seen_limit=data.get("seen_limit"), manual_until=data.get("manual_until", 0.0), **door)
         if data.get("limit") is None:
             return live
         peak = data.get("peak")
@@ -143,6 +150,10 @@ def steer(
     state = replace(state, manual_until=0.0)
     if breaker_open:
         state = state.with_limit(in_force)
+    if bounds.clamp(state.limit) != state.limit and not breaker_open:
+        # A hand's limit once its hold is over, or a store from before the bounds changed: the law answers only
+        # within them, so the limit comes within them first (the breaker's own cut is the breaker's to lift).
+        return Tick(state.with_limit(bounds.clamp(state.limit)), "out_of_bounds", event)
     if signals is None:
         return Tick(state, "warming_up", event)
     decision = decide(state.law, signals, now, slo, bounds)
