@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from batchlens.admin_api import (
@@ -13,7 +15,16 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
-from batchlens.queued_caps import plugin_refusal, priority_class, priority_of, refusal
+from batchlens.queued_caps import (
+    MESSAGES,
+    cap_refusal,
+    door_priority,
+    plugin_refusal,
+    priority_class,
+    priority_of,
+    refusal,
+    refusal_body,
+)
 
 
 def status(fn, *args) -> int:
@@ -148,6 +159,8 @@ def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
         (caps(tokens=100, queued=49), -3, None),
         (caps(tokens=100, queued=50), -3, "max_num_queued_tokens"),
         (caps(), -1, None),  # no cap: the door is open to every class
+        (caps(reqs=1, unfinished=0), -1, None),  # half a cap of 1 is still 1: an idle engine takes it
+        (caps(tokens=1, queued=0), -1, None),
     ],
 )
 def test_a_requests_door_priority_decides_when_it_is_refused(state, priority, refused) -> None:
@@ -189,10 +202,25 @@ def test_beside_vllms_caps_the_plugin_reads_no_state_for_the_classes_vllm_judges
         (b"1.5", 0, "standard"),
         ("", 0, "standard"),
         (b"\xff", 0, "standard"),
+        ("\u0661", 0, "standard"),  # an Arabic-Indic 1: int() reads it, the plugin's latin-1 bytes do not
+        ("1_0", 0, "standard"),
+        ("+3", 3, "critical"),
+        ("9" * 10, 0, "standard"),  # past 9 digits: no integer a client means (5000 digits: int() raises)
     ],
 )
 def test_a_header_that_is_not_an_integer_is_standard_never_critical(header, priority, named) -> None:
     assert priority_of(header) == priority and priority_class(priority_of(header)) == named
+
+
+def test_a_header_sent_twice_is_read_at_its_lowest_copy() -> None:
+    """A gateway that appends its copy to the client's: no copy raises the request past another's."""
+    assert door_priority([b"-5", b"1"]) == door_priority([b"1", b"-5"]) == -5
+    assert door_priority([]) == 0 and door_priority(["2"]) == 2
+
+
+def test_only_a_503_whose_body_is_a_queued_caps_counts_as_the_doors() -> None:
+    assert all(cap_refusal(json.dumps(refusal_body(reason)).encode()) for reason in MESSAGES)
+    assert not cap_refusal(b'{"error": {"message": "The server is shutting down", "code": 503}}')
 
 
 @pytest.mark.parametrize(

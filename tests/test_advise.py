@@ -23,6 +23,7 @@ from batchlens.advise.decide import decide, peak_to_trough
 from batchlens.advise.evidence import Evidence, LimitSeen
 from batchlens.advise.text import format_advice
 from batchlens.arrivals import ArrivalMetrics
+from batchlens.queued_caps import refusal_body
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from harness.exporter import BATCHLENS, ExporterProcess
 from harness.procs import Process
@@ -194,6 +195,26 @@ def test_the_plugin_middleware_counts_generation_requests_and_streams():
     assert value("batchlens_door_refusals_total", {"priority_class": "standard"}) == 0
     asyncio.run(middleware({"type": "http", "method": "GET", "path": "/metrics"}, None, send))
     assert sent[-1]["status"] == 200  # nothing but generation requests goes through the door
+    # A header sent twice (a gateway appending its copy) is read at its lowest: no copy claims critical.
+    door.reason = None
+    asyncio.run(middleware({**sheddable, "headers": [(b"x-batchlens-priority", b"-5"), header]}, None, send))
+    assert door.priorities[-1] == -5
+
+    def answering(status: int, body: bytes):  # vLLM's own 503s, as its serving code sends them
+        async def vllm(scope, receive, send):
+            await send({"type": "http.response.start", "status": status, "headers": [(b"retry-after", b"3")]})
+            await send({"type": "http.response.body", "body": body})
+
+        return ArrivalMiddleware(vllm, middleware.arrivals, door=lambda: door)
+
+    refused_before, sent[:] = value("batchlens_door_refusals_total", {"priority_class": "standard"}), []
+    standard = {"type": "http", "method": "POST", "path": "/v1/completions"}
+    asyncio.run(answering(503, json.dumps(refusal_body("max_num_queued_reqs")).encode())(standard, None, send))
+    assert sent[0]["headers"] == [(b"retry-after", b"7")] and sent[1]["type"] == "http.response.body"
+    asyncio.run(answering(503, b'{"error": {"message": "shutting down"}}')(standard, None, send))
+    assert sent[2]["headers"] == [(b"retry-after", b"3")], "another 503 keeps its own headers"
+    refused = value("batchlens_door_refusals_total", {"priority_class": "standard"}) - refused_before
+    assert refused == 1, "only the cap's 503 is the door's refusal"
 
 
 class Door:

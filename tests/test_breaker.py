@@ -175,6 +175,9 @@ def test_a_capped_door_with_requests_waiting_at_a_good_pace_holds_and_pages_capa
         (61, fire(32, waiting=9, door=door(0.08)), "hold_overload", {"page": None, "strikes": 0}),
         (122, fire(32, waiting=2, door=door(0.09, share=0.0)), "hold_overload", {"strikes": 0, "mode": "closed"}),
         (183, fire(32, waiting=0, door=door(0.09)), "hold_overload", {"strikes": 0}),  # none waits, but some refused
+        # The episode ends with no recovery to close it: its page resolves, and the next episode pages again.
+        (200, resolve(), "resolved", {"resolved_pages": ("capacity",), "paged": (), "mode": "closed"}),
+        (86_400, fire(32, starts_at=86_000, waiting=5, door=door(0.06)), "hold_overload", {"page": "capacity"}),
     ])  # fmt: skip
 
 

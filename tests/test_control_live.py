@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import urllib.request
 from dataclasses import replace
@@ -22,15 +23,18 @@ import pytest
 from batchlens.config import Config
 from batchlens.control.law import State
 from batchlens.control.live import Controller
+from batchlens.control.signals import Histogram, Window
 from batchlens.control.steering import Steering, Tick
 from batchlens.control.steering import steer as live_steer
 from batchlens.exporter.sampler import SourceError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.breaker import EngineState
+from batchlens.remediation.service import Remediator
 from batchlens.remediation.store import Store
 from harness.admin import AdminClient as EngineAdmin
 from harness.admin import set_caps
 from harness.exporter import one, pick
+from harness.procs import free_port
 from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
 from test_remediate import eventually
@@ -333,7 +337,10 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
             c._fetch = fetch
             await c._tick_one("sim", 2000, {"sim": EngineState()})
 
+        blind._minutes["sim"] = Window(60, 16, 4, 0.5, 800, 0, Histogram(), Histogram(), rejected_per_second=1)
+        assert blind.door("sim") is not None
         asyncio.run(run(blind, metrics_fail))
+        assert blind.door("sim") is None, "the breaker is not told of a door from a minute that has ended"
         assert cap() is None, "the admin API answers, /metrics does not: the cap still goes once stale"
         assert blind.decisions[("sim", "no_signal")] == 1 and reasons(blind) == {"admission_no_signal": 1}
     finally:
@@ -355,3 +362,27 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, 
         return started
 
     assert asyncio.run(ticks()) == [True]
+
+
+def test_the_breaker_keeps_the_doors_figures_when_the_admin_api_times_out_under_the_overload(tmp_path) -> None:
+    # The admin route lives on the same overloaded API server as the generation routes, and can time out under
+    # the load the door holds; the door's figures are the controller's own readings, and a hold must stay a hold.
+    # Real HTTP to a port nobody listens on stands in for the admin API that does not answer.
+    url = f"http://127.0.0.1:{free_port()}"
+    config = Config.model_validate({"engines": [{"name": "e", "url": url}],
+                                    "control": {"enabled": True, "admission": True}})  # fmt: skip
+
+    async def observe():
+        async with aiohttp.ClientSession() as session:
+            service = Remediator(config, Store(tmp_path / "hook.db"), session, {"BATCHLENS_ADMIN_TOKEN": TOKEN})
+            service.states["e"] = EngineState(applied_limit=32, capacity=64)
+            service.controller.caps_in_force["e"] = 3000
+            service.controller._minutes["e"] = Window(60, 32, 0, 0.5, 800, 0, Histogram(((0.1, 9.0), (math.inf, 10.0)),
+                                                      0.3), Histogram(((0.05, 100.0), (math.inf, 100.0)), 3.0),
+                                                      rejected_per_second=2, finished_per_second=8)  # fmt: skip
+            obs = await service._observe("e")
+            await service.controller.close()
+            return obs
+
+    obs = asyncio.run(observe())
+    assert obs is not None and obs.door is not None and obs.door.queue_bound(obs.waiting)

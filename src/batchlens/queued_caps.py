@@ -15,7 +15,8 @@ cannot tell requests apart: there a critical request is refused at the caps like
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 
 from batchlens.admin_api import AdmissionState
 
@@ -36,13 +37,20 @@ SHEDDABLE_SHARE = 0.5
 CLASSES = ("critical", "standard", "sheddable")
 
 
+_PRIORITY = re.compile(r"[+-]?[0-9]{1,9}")  # ASCII digits only: int() also reads "١" or "1_0", and 5000 digits
+
+
 def priority_of(header: str | bytes | None) -> int:
-    """A request's door priority from its header; absent or not an integer: 0, standard (never an error: a
-    client's typo must not turn into a refusal, nor into a claim to be critical)."""
-    try:
-        return int(header.decode("latin-1") if isinstance(header, bytes) else header)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0
+    """A request's door priority from its header; absent or not an integer of at most 9 ASCII digits: 0,
+    standard (never an error: a client's typo must not turn into a refusal, nor into a claim to be critical)."""
+    text = (header.decode("latin-1") if isinstance(header, bytes) else header or "").strip()
+    return int(text) if _PRIORITY.fullmatch(text) else 0
+
+
+def door_priority(copies: Iterable[str | bytes]) -> int:
+    """The priority of a request that may carry the header more than once (a gateway that appends its own copy
+    to the client's): the lowest, so that no copy can raise a request past what another copy says; none: 0."""
+    return min((priority_of(copy) for copy in copies), default=0)
 
 
 def priority_class(priority: int) -> str:
@@ -54,12 +62,20 @@ def refusal(caps: AdmissionState, n: int = 1, priority: int = 0) -> str | None:
     admitted. Critical requests always pass; sheddable ones meet SHEDDABLE_SHARE of each cap."""
     if priority > 0:
         return None
-    share = SHEDDABLE_SHARE if priority < 0 else 1.0
-    if caps.max_num_queued_reqs is not None and caps.num_unfinished_reqs + n > caps.max_num_queued_reqs * share:
+
+    def bound(cap: int) -> float:  # a sheddable share of a cap of 1 would refuse on an idle engine
+        return cap if priority == 0 else max(1.0, cap * SHEDDABLE_SHARE)
+
+    if caps.max_num_queued_reqs is not None and caps.num_unfinished_reqs + n > bound(caps.max_num_queued_reqs):
         return "max_num_queued_reqs"
-    if caps.max_num_queued_tokens is not None and caps.num_queued_tokens >= caps.max_num_queued_tokens * share:
+    if caps.max_num_queued_tokens is not None and caps.num_queued_tokens >= bound(caps.max_num_queued_tokens):
         return "max_num_queued_tokens"
     return None
+
+
+def cap_refusal(body: bytes) -> bool:
+    """Whether a 503's body is vLLM refusing at a queued cap (its messages), not another 503 (shutting down)."""
+    return any(message.encode() in body for message in MESSAGES.values())
 
 
 def plugin_refusal(caps: Callable[[], AdmissionState], priority: int, vllm_caps: bool) -> str | None:

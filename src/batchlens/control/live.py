@@ -273,6 +273,7 @@ class Controller:
 
     def _not_steered(self, name: str, why: str) -> None:
         self._samples[name].clear()  # the next good answer starts a fresh window
+        self._minutes.pop(name, None)  # and the breaker judges no door on a minute that has ended
         self._door_answers.pop(name, None)  # what answers when it is back (another release?) is asked again
         self.decisions[(name, "no_signal")] += 1
         if self._failing.get(name) != why:  # once per kind of failure, not every tick

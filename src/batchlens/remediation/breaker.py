@@ -172,6 +172,10 @@ def on_resolved(state: EngineState, *, starts_at: float, now: float) -> Decision
         return _none(state, "out-of-order resolution of an older episode: recorded")
     if state.mode in ("tripped", "cold_start"):
         return Decision(replace(state, mode="recovering", recovering_since=now), "resolved", "recovery begins")
+    if state.mode == "closed" and state.paged:
+        # An episode that only held (hold_overload) ends here, with no recovery to close it: its page resolves,
+        # and the next episode may page again.
+        return Decision(replace(state, paged=()), "resolved", "the held episode is over", resolved_pages=state.paged)
     return _none(state, f"resolved while {state.mode}: recorded")
 
 

@@ -239,19 +239,21 @@ class Remediator:
         backoff, state = self._observe_backoff[name], self.states[name]
         if self.clock() < backoff.retry_at:
             return None
+        # The door's figures come from the controller's own readings: an admin API that times out under the very
+        # overload the door holds must not turn its hold into strikes and a cold start.
+        door = None if self.controller is None else self.controller.door(name)
         try:
             now = await self.admins[name].get()
         except AdminCallError as exc:
             known = state.applied_limit or state.target_limit
             if known is not None and state.capacity is not None:
                 log.warning("%s: %s; deciding on the last known limit %d", name, exc, known)
-                return Observation(limit=known, capacity=state.capacity, running=0, waiting=0)
+                return Observation(limit=known, capacity=state.capacity, running=0, waiting=0, door=door)
             delay = backoff.failed(self.clock())
             log.warning("%s: %s; the delivery waits, retry in %.0f s", name, exc, delay)
             self.actions[(name, "observe", exc.reason)] += 1
             return None
         backoff.failures = 0
-        door = None if self.controller is None else self.controller.door(name)
         return Observation(now.max_num_active_seqs, now.max_num_seqs, now.num_running, now.num_waiting, door)
 
     async def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:

@@ -39,7 +39,7 @@ from batchlens.admin_api import (
 )
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
-from batchlens.queued_caps import PRIORITY_HEADER, plugin_refusal, priority_class, priority_of, refusal, refusal_body
+from batchlens.queued_caps import PRIORITY_HEADER, door_priority, plugin_refusal, priority_class, refusal, refusal_body
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
 from batchlens.simulator.engine import Engine, SimRequest
@@ -167,7 +167,7 @@ class Simulator:
         except ConnectionError:  # the client went away mid-body (a proxy stopped): nobody to answer, nothing to run
             log.info("a client closed its connection before its request arrived whole")
             return web.Response(status=400)
-        priority = priority_of(request.headers.get(PRIORITY_HEADER))
+        priority = door_priority(request.headers.getall(PRIORITY_HEADER, ()))
         door_class = priority_class(priority)
         self.arrivals.arrived(time.monotonic(), door_class)
         state = self.admission()

@@ -1,11 +1,13 @@
 """An ASGI middleware in vLLM's API server: it observes request arrivals (batchlens.arrivals) and keeps the door.
 
 It sees a generation request when it arrives and its answer when the headers
-go out (``text/event-stream`` is a stream), and never touches the bodies. It
-reads the request's door priority from its ``x-batchlens-priority`` header,
-counts it by class, and counts by class each queued cap's 503. To
-a 503 (a queued cap refusing it, docs/admission.md) it adds the
-``Retry-After`` the door gives: when the backlog should have drained. On a
+go out (``text/event-stream`` is a stream), and never changes a body. It
+reads the request's door priority from its ``x-batchlens-priority`` header
+(the lowest copy, where there are several), counts it by class, and counts by
+class each queued cap's 503: a 503's headers wait for its body, whose message
+says whether a queued cap refused it (docs/admission.md) or something else
+did (the server shutting down). To a cap's 503 it adds the ``Retry-After``
+the door gives: when the backlog should have drained. On a
 release without vLLM's own queued caps, the plugin's door (door.py) refuses
 here, before vLLM sees the request, with vLLM's 503 and its error body.
 The series go to prometheus_client's default registry, which vLLM's /metrics
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
-from batchlens.queued_caps import PRIORITY_HEADER, priority_class, priority_of, refusal_body
+from batchlens.queued_caps import PRIORITY_HEADER, cap_refusal, door_priority, priority_class, refusal_body
 
 _metrics: ArrivalMetrics | None = None
 
@@ -49,7 +51,8 @@ class ArrivalMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
-        priority = priority_of(dict(scope.get("headers") or ()).get(PRIORITY_HEADER.encode()))
+        name = PRIORITY_HEADER.encode()
+        priority = door_priority(value for key, value in scope.get("headers") or () if key.lower() == name)
         door_class = priority_class(priority)
         self.arrivals.arrived(time.monotonic(), door_class)
         door = self.door()
@@ -58,14 +61,22 @@ class ArrivalMiddleware:
             await refuse(send, reason, door.retry_after())
             return
 
+        held: list[dict] = []  # a 503's start, until its body says whether a queued cap refused
+
         async def watch(message: dict) -> None:
             if message["type"] == "http.response.start" and message.get("status") == 200:
                 content_type = dict(message.get("headers") or ()).get(b"content-type", b"")
                 self.arrivals.answered(content_type.startswith(b"text/event-stream"))
-            elif message["type"] == "http.response.start" and message.get("status") == 503:  # vLLM's own caps
-                self.arrivals.refused(door_class)
-                headers = [h for h in message.get("headers") or () if h[0].lower() != b"retry-after"]
-                message = {**message, "headers": [*headers, (b"retry-after", str(door.retry_after()).encode())]}
+            elif message["type"] == "http.response.start" and message.get("status") == 503:
+                held.append(message)
+                return
+            elif held and message["type"] == "http.response.body":
+                start = held.pop()
+                if cap_refusal(message.get("body", b"")):  # vLLM's own caps; not a 503 of another cause
+                    self.arrivals.refused(door_class)
+                    headers = [h for h in start.get("headers") or () if h[0].lower() != b"retry-after"]
+                    start = {**start, "headers": [*headers, (b"retry-after", str(door.retry_after()).encode())]}
+                await send(start)
             await send(message)
 
         await self.app(scope, receive, watch)
