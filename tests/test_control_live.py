@@ -88,6 +88,7 @@ def test_a_hand_on_the_knob_pauses_control_and_kill_9_keeps_where_it_was(tmp_pat
         time.sleep(1.0)
         assert limit_of(upstreams, "a") == 40, "the hand's limit stands during the hold"
         eventually(lambda: "steers again from 40" in hook.process.log_path.read_text(), "the hold ending", 5)
+        assert "batch limit set to 40" not in hook.process.log_path.read_text(), "no PUT of what is in force"
         hook.kill9()
         hook.start()
         assert target(hook, "a") == 40, "the restarted hook steers on from its saved state, not from start_limit"
@@ -110,6 +111,8 @@ def test_a_restart_during_a_manual_hold_says_the_hold_still_stands(tmp_path, ups
         assert "a: a limit set by hand still holds control off for " in hook.process.log_path.read_text()
         time.sleep(1.0)
         assert limit_of(upstreams, "a") == 40
+        health = json.loads(urllib.request.urlopen(hook.url + "/healthz", timeout=5).read())["control"]["engines"]
+        assert health["a"] == {"limit": 40, "limit_in_force": 40, "manual_hold": True, "cap_manual_hold": False}
     finally:
         hook.stop()
 

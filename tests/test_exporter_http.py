@@ -12,11 +12,14 @@ import asyncio
 import base64
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 import pytest
 
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.http_serve import Answer, HttpServer
 from batchlens.exporter.sampler import SourceError
+from batchlens.remediation.admin_client import AdminCallError, AdminClient
+from harness.procs import free_port
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -276,3 +279,26 @@ def test_an_idle_or_silent_client_is_dropped_and_connections_are_capped() -> Non
     dropped, refused, after = serve(ROUTES, idle_seconds=0.3, max_connections=2)(test)
     assert dropped == b"" and refused == b""
     assert after.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_password_in_the_url_never_reaches_an_error_message() -> None:
+    """Errors are logged; a user:password in an engine's URL is the scrape's secret (config masks it too). The
+    admin client sends its bearer token instead, and aiohttp refuses a URL's credentials beside it: so the URL
+    it calls has none (it used to raise a ValueError that ended the hook's worker without a word)."""
+    url = f"http://ops:s3cret@127.0.0.1:{free_port()}"  # nobody listens
+
+    async def fail() -> list[str]:
+        said = []
+        with pytest.raises(SourceError) as scraped:
+            await HttpGetter().text(url + "/metrics", timeout=2, limit=1024)
+        said.append(str(scraped.value))
+        async with aiohttp.ClientSession() as session:
+            for token in (None, "admin-token"):
+                with pytest.raises(AdminCallError) as called:
+                    await AdminClient(session, url, token).get()
+                said.append(str(called.value))
+        return said
+
+    said = run(fail())
+    assert all("s3cret" not in line for line in said), said
+    assert "ops:***@" in said[0] and "ops:***@" in said[1] and said[2].startswith("GET http://127.0.0.1:"), said

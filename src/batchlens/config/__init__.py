@@ -52,7 +52,9 @@ class ConfigError(Exception):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No setting takes infinity or NaN: an infinite TTFT makes an infinite cap (int() overflows each tick), and an
+    # infinite stale_seconds a door that never fails open.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -636,7 +638,8 @@ def load_config(
         raise ConfigError(_format_errors(exc, origin)) from None
 
 
-def _mask_url(url: str) -> str:
+def mask_url(url: str) -> str:
+    """``url`` with its password, if it has one, as ``***``: fit for a log line or an error message."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -653,6 +656,6 @@ def masked_dump(config: Config, environ: Mapping[str, str] | None = None) -> dic
     environ = os.environ if environ is None else environ
     data = config.model_dump(mode="json")
     for engine in data["engines"]:
-        engine["url"] = _mask_url(engine["url"])
+        engine["url"] = mask_url(engine["url"])
     data["secrets"] = {name: ("set (****)" if environ.get(name) else "NOT SET") for name in config.token_envs()}
     return data

@@ -227,9 +227,9 @@ class Controller:
             return
         ours, sent = self.caps_in_force[name], self._cap_sent.pop(name, UNSET)
         if ours is not UNSET and in_force != ours and in_force != sent:  # a PUT that timed out may have landed
-            log.warning("%s: the queued-token cap is %s, not the %s batchlens set: set by hand (or the engine "
-                        "restarted); the controller leaves the cap alone for %g s", name, _cap(in_force), _cap(ours),
-                        self.control.manual_hold_seconds)  # fmt: skip
+            log.warning("%s: the queued-token cap is %s where batchlens last set or found %s: set by hand (or the "
+                        "engine restarted); the controller leaves the cap alone for %g s", name, _cap(in_force),
+                        _cap(ours), self.control.manual_hold_seconds)  # fmt: skip
             self._cap_hold_until[name] = now + self.control.manual_hold_seconds
         self.caps_in_force[name] = in_force  # the first tick, a restart (kill -9) or a hand: go on from it
         # The door answers (until a set fails below), unless a hand opened it: then nothing sheds while it holds.
@@ -299,8 +299,8 @@ class Controller:
 
     def _report(self, name: str, before: Steering, tick: Tick, signals: Window | None, in_force: int) -> None:
         if tick.event == "manual":
-            log.warning("%s: the limit is %d, not the %s batchlens set: set by hand (or the engine restarted); "
-                        "the controller follows it and pauses for %g s", name, in_force,
+            log.warning("%s: the limit is %d where the controller last saw or set %s: set by hand (or the engine "
+                        "restarted); the controller follows it and pauses for %g s", name, in_force,
                         before.seen_limit, self.control.manual_hold_seconds)  # fmt: skip
         elif tick.event == "resumed":
             log.info("%s: the manual hold is over: the controller steers again from %d", name, in_force)

@@ -21,6 +21,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import h11
 
 from batchlens import __version__
+from batchlens.config import mask_url
 from batchlens.exporter.sampler import SourceError
 
 _READ = 64 * 1024
@@ -54,14 +55,17 @@ class HttpGetter:
         The body is abandoned as soon as it passes ``limit`` bytes, so a huge (or endless)
         reply costs at most that much memory.
         """
+        shown = mask_url(url)  # every message below is logged: never a password of the URL
         try:
             body = await asyncio.wait_for(self._get(url, dict(headers or {}), limit), timeout)
         except TimeoutError:
-            raise SourceError("timeout", f"GET {url} took longer than {timeout:g}s") from None
+            raise SourceError("timeout", f"GET {shown} took longer than {timeout:g}s") from None
+        except SourceError as exc:
+            raise SourceError(exc.reason, str(exc).replace(url, shown)) from None
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise SourceError("parse", f"GET {url}: body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise SourceError("parse", f"GET {shown}: body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
     async def _get(self, url: str, headers: dict[str, str], limit: int) -> bytes:
         parts = urlsplit(url)

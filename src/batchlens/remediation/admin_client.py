@@ -8,6 +8,7 @@ message for the log. The token is sent, never logged.
 from __future__ import annotations
 
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from pydantic import BaseModel, ValidationError
@@ -21,6 +22,7 @@ from batchlens.admin_api import (
     CacheReset,
     bearer,
 )
+from batchlens.config import mask_url
 
 HINTS = {
     401: " (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's?)",
@@ -45,6 +47,9 @@ class AdminCallError(Exception):
 class AdminClient:
     def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None, *, timeout: float = 5.0):
         self._session = session
+        if token:  # the token takes the Authorization header: a user and password in the URL are the scrape's
+            parts = urlsplit(url)
+            url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self._base = url
         self.url = url + BATCH_PATH
         self._headers = bearer(token)
@@ -66,17 +71,18 @@ class AdminClient:
         return await self._call("POST", self._base + CACHE_RESET_PATH, None, CacheReset)
 
     async def _call(self, method: str, url: str, body: dict | None, reply_model: type[Reply]) -> Reply:
+        shown = mask_url(url)  # the error messages are logged
         try:
             async with self._session.request(method, url, json=body, headers=self._headers,
                                              timeout=self._timeout) as reply:  # fmt: skip
                 text = await reply.content.read(64 * 1024)
                 if reply.status != 200:
                     hint = HINTS.get(reply.status, "")
-                    raise AdminCallError(f"http_{reply.status}", f"{method} {url}: {reply.status}{hint}")
+                    raise AdminCallError(f"http_{reply.status}", f"{method} {shown}: {reply.status}{hint}")
                 return reply_model.model_validate_json(text)
         except TimeoutError:
-            raise AdminCallError("timeout", f"{method} {url}: no answer within {self._timeout.total} s") from None
+            raise AdminCallError("timeout", f"{method} {shown}: no answer within {self._timeout.total} s") from None
         except aiohttp.ClientError as exc:
-            raise AdminCallError("unreachable", f"{method} {url}: {exc.__class__.__name__}: {exc}") from None
+            raise AdminCallError("unreachable", f"{method} {shown}: {exc.__class__.__name__}: {exc}") from None
         except ValidationError as exc:
-            raise AdminCallError("invalid_reply", f"{method} {url}: not the admin API contract: {exc}") from None
+            raise AdminCallError("invalid_reply", f"{method} {shown}: not the admin API contract: {exc}") from None

@@ -295,7 +295,11 @@ class RemediationServer:
         c = self.remediator.controller
         if c is None:
             return {"enabled": False}
-        engines = {name: {"limit": s.limit, "manual_hold": s.manual_until > 0} for name, s in c.states.items()}
+        now = self.remediator.clock()
+        # limit: the controller's; limit_in_force: what the engine reported at its last tick (null before one).
+        # The holds are in force now, a limit's or a cap's set by hand, kept over a restart.
+        engines = {name: {"limit": s.limit, "limit_in_force": s.seen_limit, "manual_hold": s.manual_until > now,
+                          "cap_manual_hold": s.cap_manual_until > now} for name, s in c.states.items()}  # fmt: skip
         return {"enabled": True, "dry_run": self.config.control.dry_run, "engines": engines}
 
     def app(self) -> web.Application:

@@ -295,6 +295,11 @@ class Remediator:
         loud = target == state.target_limit  # the breaker's acts are news; the controller's moves are logged as INFO
         if target is None or target == state.applied_limit or self.clock() < backoff.retry_at:
             return
+        if self.controller is not None and self.controller.states[name].seen_limit == target:
+            # The engine already has it (a hand's limit the controller now follows): confirmed by its last reading,
+            # with no PUT that changes nothing.
+            await self._save(name, replace(state, applied_limit=target))
+            return
         if self.settings.dry_run:
             if self._dry_run_said.get(name) != target:  # once per target; nothing is applied, so nothing recorded
                 self._dry_run_said[name] = target
