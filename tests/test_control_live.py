@@ -297,6 +297,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         first = started(1000)
         asyncio.run(run(first, lambda c: c._admit("sim", None, 1000)))
         assert cap() == 3000 and reasons(first) == {"admission_resumed": 1}, "not lifted on a loaded engine's start"
+        assert first.caps["sim"].cap == 3000
         again = started(1030)  # kill -9 and a restart: the store says 3000 is batchlens's own
         assert again.caps_in_force["sim"] == 3000
         asyncio.run(run(again, lambda c: c._admit("sim", None, 1030)))
@@ -312,6 +313,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         assert "a queued-token cap set by hand still holds the door's control off for 590 s" in caplog.text
         asyncio.run(run(held, lambda c: c._admit("sim", None, 1110)))
         assert cap() == 5000 and reasons(held) == {"admission_manual_hold": 1}, "the hold survives the restart"
+        assert held.caps["sim"].cap == 5000, "the target exported while a hand holds the cap is that cap, not +Inf"
 
         async def lands_then_errs(c: Controller) -> None:
             real = c._admins["sim"].set_admission

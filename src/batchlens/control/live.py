@@ -237,13 +237,17 @@ class Controller:
         if signals is not None and (window_seen := saturated(signals, now)) is not None:
             self._saturated[name].append(window_seen)
         decision = self.caps[name] = queued_token_cap(self._saturated[name], now, self._admission)
+        # While the cap in force stands, it is also the target the hook exports: +Inf would read as a door about
+        # to open.
         if now < self._cap_hold_until.get(name, 0.0):
+            self.caps[name] = CapDecision(in_force, "manual_hold", decision.prefill_tokens_per_second)
             self.decisions[(name, "admission_manual_hold")] += 1
             return
         if (decision.cap is None and decision.reason in ("no_signal", "too_few_windows") and in_force is not None
                 and now < self._started + self._admission.stale_seconds):  # fmt: skip
             # Just started (a restart after kill -9, or onto a cap set at launch): the cap in force stands until
             # the estimate is sure or has had the time to be. Lifting it would open the door on a loaded engine.
+            self.caps[name] = CapDecision(in_force, "resumed", None)
             self.decisions[(name, "admission_resumed")] += 1
             return
         self.decisions[(name, f"admission_{decision.reason}")] += 1
