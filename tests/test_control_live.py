@@ -81,7 +81,8 @@ def test_a_hand_on_the_knob_pauses_control_and_kill_9_keeps_where_it_was(tmp_pat
     try:
         eventually(lambda: limit_of(upstreams, "a") == 16, "control starting at its start_limit, 16")
         log = hook.process.log_path.read_text()
-        assert "a: the controller uses limits 1..64, starting at 16" in log and "a: limit starts at 16 (" in log
+        assert "a: the controller uses limits 1..64, starting at 16" in log
+        assert "a: limit starts at 16, from the engine's 64 (control.start_limit" in log, log
         set_by_hand(url, 40)
         eventually(lambda: "set by hand" in hook.process.log_path.read_text(), "the log naming the hand")
         assert decisions(hook, "a", "manual_hold") >= 1

@@ -328,7 +328,11 @@ class Controller:
             and (why := one_slot(tick.state.law, self._door_works(name)))
         ):
             facts += f"; {why}: one slot a tick"
-        moved = f"starts at {tick.state.limit}" if before.limit is None else f"{before.limit} -> {tick.state.limit}"
+        moved = f"{before.limit} -> {tick.state.limit}"
+        if before.limit is None:  # where it starts, and what it moves the engine from if that is elsewhere
+            moved = f"starts at {tick.state.limit}" + (
+                f", from the engine's {in_force} (control.start_limit, min_limit, max_limit)"
+                if in_force != tick.state.limit else "")  # fmt: skip
         log.info("%s: limit %s (%s%s)%s", name, moved, tick.reason, facts,
                  " (dry run)" if self.control.dry_run else "")  # fmt: skip
 
