@@ -18,6 +18,7 @@ import pytest
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.http_serve import Answer, HttpServer
 from batchlens.exporter.sampler import SourceError
+from batchlens.prometheus_api import Prometheus, PrometheusError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from harness.procs import free_port
 
@@ -302,3 +303,36 @@ def test_a_password_in_the_url_never_reaches_an_error_message() -> None:
     said = run(fail())
     assert all("s3cret" not in line for line in said), said
     assert "ops:***@" in said[0] and "ops:***@" in said[1] and said[2].startswith("GET http://127.0.0.1:"), said
+
+
+def test_a_token_with_a_newline_is_refused_before_it_is_sent_and_never_quoted() -> None:
+    """A Secret made with --from-file ends in a newline; a tenant can put a control character in its own. Neither
+    may reach a log line (h11 and aiohttp quote the header they refuse), nor end the hook's worker (aiohttp raises
+    ValueError, which the admin client's callers did not expect)."""
+    heard: list[bytes] = []
+
+    async def listen(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heard.append(await reader.read(4096))  # whatever arrives: nothing should
+        writer.close()
+
+    async def fail() -> list[str]:
+        url, server = await peer(listen)
+        said, bad = [], {"Authorization": "Bearer s3cr3t\n"}
+        with pytest.raises(SourceError) as scraped:
+            await HttpGetter().text(url + "/metrics", timeout=2, limit=1024, headers=bad)
+        said.append(str(scraped.value))
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(AdminCallError) as called:
+                await AdminClient(session, url, "s3cr3t\nX").get()
+            said.append(str(called.value))
+            server.close()
+            await server.wait_closed()
+            with pytest.raises(PrometheusError) as queried:  # a Prometheus URL's password, as the report logs it
+                await Prometheus(session, url.replace("//", "//admin:s3cr3t@"), 2.0)._get("/api/v1/query")
+            said.append(str(queried.value))
+        return said
+
+    said = run(fail())
+    assert all("s3cr3t" not in line for line in said), said
+    assert "a header is not valid HTTP" in said[0] and "not sent" in said[1] and "admin:***@" in said[2], said
+    assert not any(b"s3cr3t" in got for got in heard), heard

@@ -241,3 +241,37 @@ def test_a_text_prompt_counts_the_same_whatever_the_served_name_within_a_stated_
     assert len(set(got["messages"].values())) == 1, got["messages"]
     for cl100k, o200k in zip(got["encodings"]["cl100k_base"], got["encodings"]["o200k_base"], strict=True):
         assert abs(cl100k / o200k - 1) <= 0.02, (cl100k, o200k)
+
+
+HOOK = """
+import asyncio, json, sys
+from batchlens.routing.litellm_proxy import BatchlensRouting
+from batchlens.routing.router import Router
+from batchlens.config import load_config
+from prometheus_client import CollectorRegistry
+
+def broken(**prompt):
+    raise ValueError("a content part LiteLLM cannot count (video_url)")
+
+hook = BatchlensRouting(Router(load_config(sys.argv[1]), registry=CollectorRegistry()), count_text=broken)
+claims = {"X-Batchlens-Priority": "100", "x-batchlens-priority": "100", "x-other": "kept"}
+out = {}
+for call in ("aresponses", "acompletion"):  # not routed at all; routed, and the counting fails
+    data = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "extra_headers": dict(claims)}
+    out[call] = asyncio.run(hook.async_pre_call_hook(None, None, data, call))["extra_headers"]
+print(json.dumps(out))
+"""
+
+
+def test_no_request_leaves_the_proxy_with_a_clients_door_priority(tmp_path, litellm_env) -> None:
+    """A tenant's own x-batchlens-priority (in any letter case) never reaches vLLM: not on a call the plugin does
+    not route (LiteLLM's /v1/responses), nor when routing fails for the request; it goes as standard (0)."""
+    from harness.litellm import OFFLINE, litellm_venv
+
+    config = tmp_path / "batchlens.yaml"
+    config.write_text(yaml.safe_dump({"engines": [{"name": "e", "url": "http://127.0.0.1:9"}]}))
+    ran = subprocess.run([str(litellm_venv() / "bin" / "python"), "-c", HOOK, str(config)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **litellm_env, **OFFLINE})  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    sent = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert sent["aresponses"] == sent["acompletion"] == {"x-other": "kept", "x-batchlens-priority": "0"}, sent

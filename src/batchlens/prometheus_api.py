@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from batchlens.config import mask_url
+
 #: Prometheus refuses a range query of more than 11,000 points per series.
 MAX_POINTS = 11_000
 DEFAULT_TIMEOUT = 30.0
@@ -30,21 +32,22 @@ class Prometheus:
 
     async def _get(self, path: str, params: dict[str, str] | None = None) -> dict:
         url = f"{self.url.rstrip('/')}{path}"
+        shown = mask_url(url)  # the messages below are logged, and shown on the report's page
         try:
             async with self.session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=self.timeout)) as reply:
                 status, kind = reply.status, reply.headers.get("Content-Type", "no content type")
                 text = await reply.text(errors="replace")
         except TimeoutError:
-            raise PrometheusError(f"{url} did not answer within {self.timeout:g} s") from None
+            raise PrometheusError(f"{shown} did not answer within {self.timeout:g} s") from None
         except aiohttp.ClientError as exc:
-            raise PrometheusError(f"cannot read {url}: {exc or type(exc).__name__}") from None
+            raise PrometheusError(f"cannot read {shown}: {exc or type(exc).__name__}") from None
         try:
             body = json.loads(text)
         except ValueError:
             body = None
         if not isinstance(body, dict) or "status" not in body:
             raise PrometheusError(
-                f"{url} is not a Prometheus API: expected its JSON, got HTTP {status} ({kind}) {text[:60].strip()!r}"
+                f"{shown} is not a Prometheus API: expected its JSON, got HTTP {status} ({kind}) {text[:60].strip()!r}"
             )
         if body["status"] != "success":
             raise PrometheusError(f"Prometheus refused {params or path}: HTTP {status}: {body.get('error')}")

@@ -75,11 +75,16 @@ class HttpGetter:
         if parts.username is not None and "authorization" not in {k.lower() for k in headers}:
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()  # http://user:pass@host
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        request = h11.Request(
-            method="GET",
-            target=target,
-            headers=[("Host", host), ("User-Agent", f"batchlens/{__version__}"), *headers.items()],
-        )
+        try:
+            request = h11.Request(
+                method="GET",
+                target=target,
+                headers=[("Host", host), ("User-Agent", f"batchlens/{__version__}"), *headers.items()],
+            )
+        except h11.LocalProtocolError:  # its message quotes the header: a token with a newline in it (a Secret
+            # made --from-file) would be logged whole
+            raise SourceError("invalid_header", f"GET {url}: a header is not valid HTTP (a token with a newline or "
+                              "a control character in it?); not sent") from None  # fmt: skip
         kept = self._take(origin)
         if kept is not None:
             with contextlib.suppress(_Stale):  # the server closed it meanwhile: once more, on a fresh one

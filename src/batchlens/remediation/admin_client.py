@@ -73,8 +73,8 @@ class AdminClient:
     async def _call(self, method: str, url: str, body: dict | None, reply_model: type[Reply]) -> Reply:
         shown = mask_url(url)  # the error messages are logged
         try:
-            async with self._session.request(method, url, json=body, headers=self._headers,
-                                             timeout=self._timeout) as reply:  # fmt: skip
+            async with self._session.request(method, url, json=body, headers=self._headers, timeout=self._timeout,
+                                             allow_redirects=False) as reply:  # fmt: skip
                 text = await reply.content.read(64 * 1024)
                 if reply.status != 200:
                     hint = HINTS.get(reply.status, "")
@@ -86,3 +86,7 @@ class AdminClient:
             raise AdminCallError("unreachable", f"{method} {shown}: {exc.__class__.__name__}: {exc}") from None
         except ValidationError as exc:
             raise AdminCallError("invalid_reply", f"{method} {shown}: not the admin API contract: {exc}") from None
+        except ValueError:  # aiohttp refusing what it would send: a token with a control character (a tenant's
+            # own Secret must not end the hook's worker for every tenant); its message is not repeated, it may quote it
+            raise AdminCallError("invalid_request", f"{method} {shown}: not sent: a header or the URL is not valid "
+                                 "HTTP (a token with a newline or a control character in it?)") from None  # fmt: skip

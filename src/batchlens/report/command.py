@@ -13,6 +13,7 @@ from batchlens.clikit import (
     writable_folder,
 )
 from batchlens.clikit import load as load_or_fail
+from batchlens.config import mask_url
 
 
 @click.command()
@@ -100,7 +101,8 @@ def _watch(prometheus_url: str, thresholds, seconds: float, timeout: float, list
     live = LiveReport(prometheus_url, thresholds, seconds=seconds, timeout=timeout, every=every)
     logger = logging.getLogger("batchlens.report")
     try:
+        source = mask_url(prometheus_url)
         run_app(live.app(), host, port, logger=logger, access_log=None,
-                ready=f"report page on http://{listen}/ (from {prometheus_url}, every {every:g} s)")  # fmt: skip
+                ready=f"report page on http://{listen}/ (from {source}, every {every:g} s)")  # fmt: skip
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}") from None

@@ -35,8 +35,7 @@ import os
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from batchlens.config import load_config
-from batchlens.queued_caps import PRIORITY_HEADER
+from batchlens.config import load_config, mask_url
 from batchlens.routing.proxy_request import (
     caller_of,
     client_priority,
@@ -44,6 +43,7 @@ from batchlens.routing.proxy_request import (
     headers_of,
     prompt_tokens,
     request_tags,
+    with_door_priority,
 )
 from batchlens.routing.router import Router, wanted_of
 from batchlens.routing.trust import screen
@@ -81,7 +81,7 @@ class BatchlensRouting(CustomLogger):
         roles = "; ".join(f"{role}: {', '.join(names) or 'none'}" for role, names in self.router.roles.items())
         if not self.router.engines:
             log.warning("batchlens routing: no engines in BATCHLENS_CONFIG: requests go on unrouted")
-        log.info("batchlens routing: %s; signals from %s", roles, self.router.rules.exporter_url)
+        log.info("batchlens routing: %s; signals from %s", roles, mask_url(self.router.rules.exporter_url))
         for role, names in self.router.roles.items():
             if not names and self.router.engines:
                 fallbacks = ", ".join(self.router.rules.fallbacks.get(role, ())) or "any engine"
@@ -89,8 +89,8 @@ class BatchlensRouting(CustomLogger):
                          "fallback=\"no_engine\" and kept out of the fallback ratio", role, fallbacks)  # fmt: skip
 
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type: str):
-        if call_type not in GENERATION_CALLS:
-            return data
+        if call_type not in GENERATION_CALLS:  # unrouted (/v1/responses is aresponses), but never a client's claim
+            return with_door_priority(data, 0)
         rules = self.router.rules
         try:
             headers = headers_of(data)
@@ -103,17 +103,16 @@ class BatchlensRouting(CustomLogger):
                 self._count_ignored(caller.key_alias, screened.ignored)
             decision = await self.router.decide(prompt_tokens(data, self._count_text), screened.latency_class,
                                                 screened.tags)  # fmt: skip
-        except Exception:  # the plugin must never fail a request: route it as LiteLLM would
+        except Exception:  # the plugin must never fail a request: route it as LiteLLM would, as standard at the door
             self.router.metrics.errors.inc()
             log.exception("batchlens routing failed for one request; it goes on unrouted")
-            return data
+            return with_door_priority(data, 0)
         metadata = data.setdefault("metadata", {})
-        metadata["tags"] = [*(metadata.get("tags") or []), *decision.tags]
+        tags = metadata.get("tags")
+        metadata["tags"] = [*(tags if isinstance(tags, list) else []), *decision.tags]
         if decision.priority is not None:
             data["extra_body"] = {**(data.get("extra_body") or {}), "priority": decision.priority}
-        # The role's door class, always set: it replaces whatever door priority a client sent.
-        data["extra_headers"] = {**(data.get("extra_headers") or {}), PRIORITY_HEADER: str(decision.door_priority)}
-        return data
+        return with_door_priority(data, decision.door_priority)
 
     def _count_ignored(self, key_alias: str | None, claims: tuple[str, ...]) -> None:
         for claim in claims:

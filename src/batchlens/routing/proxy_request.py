@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchlens.queued_caps import PRIORITY_HEADER
 from batchlens.routing.trust import Caller
 
 LITELLM_TAGS_HEADER = "x-litellm-tags"
@@ -79,3 +80,12 @@ def drop_claims(data: dict[str, Any], tags: set[str], priority: bool) -> None:
             holder["tags"] = [t for t in holder["tags"] if str(t) not in tags]
     if priority and isinstance(data.get("extra_body"), dict):
         data["extra_body"] = {k: v for k, v in data["extra_body"].items() if k != "priority"}
+
+
+def with_door_priority(data: dict[str, Any], priority: int) -> dict[str, Any]:
+    """``data`` with the door priority batchlens gives it, over any copy a client sent, in any letter case: every
+    request leaves the proxy with exactly one, so none claims critical past the door."""
+    sent = data.get("extra_headers")
+    kept = {k: v for k, v in sent.items() if str(k).lower() != PRIORITY_HEADER} if isinstance(sent, dict) else {}
+    data["extra_headers"] = {**kept, PRIORITY_HEADER: str(priority)}
+    return data

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from batchlens.config import ROLES, Config, Engine
+from batchlens.config import ROLES, Config, Engine, mask_url
 from batchlens.routing.classify import Choice, Request, classify
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.pick import Route, pick
@@ -158,7 +158,7 @@ class SignalCache:
             return self._failed("connect", str(exc) or type(exc).__name__)
         signals = await asyncio.to_thread(engine_signals, text)  # parsing is milliseconds: off the proxy's loop
         if self._failing is not None:
-            log.info("exporter signals readable again at %s (%d engines)", self._url, len(signals))
+            log.info("exporter signals readable again at %s (%d engines)", mask_url(self._url), len(signals))
         self._failing = None
         self._metrics.signals_up.set(1)
         return signals
@@ -168,7 +168,7 @@ class SignalCache:
         self._metrics.signals_up.set(0)
         if self._failing != reason:
             log.warning("cannot read the exporter's signals at %s: %s; routing by role alone until it answers",
-                        self._url, detail)  # fmt: skip
+                        mask_url(self._url), detail)  # fmt: skip
         self._failing = reason
         return {}
 
