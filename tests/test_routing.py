@@ -458,6 +458,11 @@ def test_build_writes_the_router_configs_and_check_keeps_them_fresh(tmp_path) ->
     assert proxy["router_settings"]["enable_tag_filtering"] is True
     assert proxy["router_settings"]["fallbacks"] == [{"m": ["m-fallback"]}]
     assert proxy["litellm_settings"]["callbacks"] == ["prometheus", "batchlens.routing.litellm_proxy.routing"]
+    # Key aliases and key metadata are trust: nobody but the proxy's admin creates keys (LiteLLM lets every user)
+    assert proxy["litellm_settings"]["key_generation_settings"] == {
+        "personal_key_generation": {"allowed_user_roles": ["proxy_admin"]},
+        "team_key_generation": {"allowed_team_member_roles": []},
+    }
     assert proxy["general_settings"] == {"master_key": "os.environ/LITELLM_MASTER_KEY"}  # metrics_auth: true
     epp_text = (root / "routing" / "llm-d-epp.yaml").read_text()
     assert '#   long: llm-d.ai/context-length-range: "2049-32768"' in epp_text

@@ -59,6 +59,12 @@ def litellm_config(config: Config) -> dict:
         "litellm_settings": {
             "callbacks": ["prometheus", PLUGIN],
             **({} if config.routing.metrics_auth else {"require_auth_for_metrics_endpoint": False}),
+            # A key's alias (routing.trusted_keys) and its metadata tags are trust: by default LiteLLM lets any
+            # user create keys of their own, with any free alias and any metadata. Only the proxy's admin does.
+            "key_generation_settings": {
+                "personal_key_generation": {"allowed_user_roles": ["proxy_admin"]},
+                "team_key_generation": {"allowed_team_member_roles": []},
+            },
         },
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
     }
