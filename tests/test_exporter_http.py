@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
+from batchlens.config import Engine
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.http_serve import Answer, HttpServer
 from batchlens.exporter.sampler import SourceError
+from batchlens.exporter.vllm_source import VllmSource
 from batchlens.prometheus_api import Prometheus, PrometheusError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from harness.procs import free_port
@@ -336,3 +338,11 @@ def test_a_token_with_a_newline_is_refused_before_it_is_sent_and_never_quoted() 
     assert all("s3cr3t" not in line for line in said), said
     assert "a header is not valid HTTP" in said[0] and "not sent" in said[1] and "admin:***@" in said[2], said
     assert not any(b"s3cr3t" in got for got in heard), heard
+
+
+def test_the_exporters_own_messages_mask_an_engine_urls_password() -> None:
+    engine = Engine(name="e", url="http://u:s3cret@127.0.0.1:9")
+    source = VllmSource(engine, HttpGetter(), timeout=1, max_response_bytes=1024, environ={})
+    with pytest.raises(SourceError) as unparsed:
+        source._digest("this is not an exposition\n", None)
+    assert "s3cret" not in str(unparsed.value) and "u:***@" in str(unparsed.value)

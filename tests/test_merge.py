@@ -121,3 +121,22 @@ def test_a_down_source_has_no_series_but_its_status(vllm_exposition: str) -> Non
     assert one(out, "batchlens_source_up", vllm_instance="b") == 0
     assert one(out, "batchlens_source_up", vllm_instance="a") == 1
     assert one(out, "batchlens_source_errors_total", vllm_instance="b", reason="timeout") == 2
+
+
+def test_an_engine_cannot_serve_the_exporters_own_families(vllm_exposition: str) -> None:
+    """A family an engine serves under one of the exporter's names would spoof it (an up of 1 for a dead GPU) and
+    give the exposition a second header, which strict parsers refuse."""
+    spoof = '# TYPE batchlens_source_up gauge\nbatchlens_source_up{source="nvml"} 1\n'
+    body = render(_snapshot(_state("a", vllm_exposition + spoof))).decode()
+    assert body.count("# TYPE batchlens_source_up gauge") == 1
+    out = parse_samples(body)
+    assert not pick(out, "batchlens_source_up", source="nvml") and pick(out, "vllm:num_requests_running")
+
+
+def test_an_infinite_kv_usage_or_an_odd_digit_of_blocks_gives_no_count_and_no_error(vllm_exposition: str) -> None:
+    base = {"vllm_instance": "a"}
+    infinite = kv_block_metrics(ExpositionReader(base).parse(_with_usage(vllm_exposition, "+Inf")), base)
+    assert [m.name for m in infinite] == ["batchlens_kv_blocks_total", "batchlens_kv_blocks_used"]
+    assert infinite[1].samples == []
+    odd = re.sub(r'num_gpu_blocks="\d+"', 'num_gpu_blocks="\u00b2"', vllm_exposition)
+    assert kv_block_metrics(ExpositionReader(base).parse(odd), base) == []

@@ -312,6 +312,15 @@ def test_other_nvml_errors_are_counted_and_skip_only_that_value() -> None:
     assert rig.sample().soft_errors == ()
 
 
+def test_a_utilization_over_100_percent_is_no_reading() -> None:
+    gpu = h100_sxm(util_gpu=250, util_mem=0xFFFFFFFF)
+    samples = Rig([gpu]).scrape()
+    assert "batchlens_gpu_sm_busy_ratio" not in names(samples) and "batchlens_gpu_memory_busy_ratio" not in names(
+        samples
+    )
+    assert value(samples, "batchlens_gpu_temperature_celsius", labels(gpu, 0)) == 40, "the rest of the GPU stands"
+
+
 def test_a_misreported_memory_clock_takes_the_data_sheets_peak(caplog) -> None:
     gpu = FakeGpu(
         name="NVIDIA H200", uuid="GPU-h200", architecture=9, bus_width=6144, max_sm_mhz=1980, max_mem_mhz=1600

@@ -251,3 +251,37 @@ def test_label_values_escape_as_the_text_format_says_stated_by_hand() -> None:
 def test_a_parse_error_names_the_line_and_shows_at_most_120_characters_of_it() -> None:
     assert str(ParseError(3, "x" * 120, "bad")) == f"line 3: bad: {'x' * 120!r}"
     assert str(ParseError(4, "y" * 121, "bad")) == f"line 4: bad: {'y' * 117 + '...'!r}"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['foo{a="b"} \u0661\u0662', 'foo{a="b"} \xa01', "foo 1e9999", "foo 1 \u0661\u0662\u0663"],
+    ids=["Arabic-Indic digits", "a no-break space", "out of range", "a timestamp in other digits"],
+)
+def test_a_value_python_reads_and_prometheus_does_not_is_refused(line: str) -> None:
+    """Copied to the wire as sent, it would fail the whole scrape: every engine, GPU and host series of the node."""
+    with pytest.raises(ParseError):
+        ExpositionReader({"vllm_instance": "e0"}).parse(line + "\n")
+    assert ExpositionReader().parse("foo +Inf\nbar -Inf\nbaz NaN\n")  # the spellings Prometheus reads stay
+
+
+def test_a_line_with_a_missing_brace_is_refused_though_its_series_is_cached() -> None:
+    reader = ExpositionReader()
+    reader.parse('foo{a="b"} 1\nfoo 2\n')
+    for broken in ('foo{a="b" 1\n', "foo} 1\n"):
+        with pytest.raises(ParseError, match="unbalanced braces"):
+            reader.parse(broken)
+
+
+def test_blank_lines_do_not_let_the_series_cache_grow_without_bound() -> None:
+    reader = ExpositionReader()
+    for tick in range(4):  # new series every tick, padded with blank lines
+        reader.parse("".join(f'foo{{n="{tick}-{i}"}} 1\n' for i in range(500)) + "\n" * 50_000)
+    assert len(reader._cache) <= 2 * 500 + 64
+
+
+def test_a_repeated_help_or_type_line_replaces_the_one_before() -> None:
+    """Prometheus keeps the last; appended each time, the header grew quadratically (20,000 lines: 11 s)."""
+    text = "".join(f"# HELP foo take {i}\n# TYPE foo gauge\n" for i in range(2000)) + "foo 1\n"
+    (family,) = ExpositionReader().parse(text)
+    assert family.header == "# HELP foo take 1999\n# TYPE foo gauge\n" and family.help == "take 1999"

@@ -8,6 +8,7 @@ these into plain gauges with one consistent label set:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from prometheus_client.metrics_core import Metric
@@ -46,7 +47,7 @@ def kv_block_metrics(families: list[Family], base: Mapping[str, str]) -> list[Me
     totals: dict[str, int] = {}
     for labels, _ in _labelled_values(families, CACHE_CONFIG):
         blocks = labels.get("num_gpu_blocks", "")
-        if blocks.isdigit():
+        if blocks.isascii() and blocks.isdigit():  # "²" is a digit to isdigit(), and not to int()
             totals[labels.get("engine", "")] = int(blocks)
     usage: dict[str, tuple[str, float]] = {}
     for name in KV_USAGE:
@@ -60,7 +61,7 @@ def kv_block_metrics(families: list[Family], base: Mapping[str, str]) -> list[Me
         model_name, ratio = usage.get(engine, ("", None))
         labels = _engine_labels(base, model_name, engine)
         total_samples.append((labels, blocks))
-        if ratio is not None and ratio == ratio:  # NaN (no blocks yet) gives no used count
+        if ratio is not None and math.isfinite(ratio):  # NaN (no blocks yet) gives no used count, nor does Inf
             used_samples.append((labels, round(blocks * ratio)))
     if not total_samples:
         return []

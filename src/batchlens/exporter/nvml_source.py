@@ -472,7 +472,9 @@ class NvmlSource:
         values: dict[str, float] = {}
         util = c.get(scope, n.nvmlDeviceGetUtilizationRates, handle)
         if util is not None:
-            values[SM_BUSY], values[MEMORY_BUSY] = util.gpu / 100, util.memory / 100
+            for name, percent in ((SM_BUSY, util.gpu), (MEMORY_BUSY, util.memory)):
+                if 0 <= percent <= 100:  # a driver's 0xFFFFFFFF is no reading, not 43 million percent
+                    values[name] = percent / 100
         memory = c.first(
             scope,
             (partial(n.nvmlDeviceGetMemoryInfo, version=n.nvmlMemory_v2), (handle,), "nvmlDeviceGetMemoryInfo_v2"),

@@ -18,12 +18,14 @@ written inside the histogram, for example).
 from __future__ import annotations
 
 import functools
+import math
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_INFINITIES = (math.inf, -math.inf)
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|\Z)', re.DOTALL)
 _LABEL_ESCAPE = re.compile(r'\\[\\n"]')
 _HELP_ESCAPE = re.compile(r"\\[\\n]")
@@ -58,8 +60,8 @@ class Series:
     """One distinct series as it appears on the wire, validated once and cached."""
 
     name: str
-    #: The sample line up to its closing brace, ``name{labels`` (or just ``name``):
-    #: the same object as the cache's key.
+    #: The sample line up to its closing brace, ``name{labels`` (or ``name`` and a newline, where the line has
+    #: no labels): the same object as the cache's key.
     key: str
     #: The series text with the reader's extra labels added; what the exporter emits.
     exported: str
@@ -138,9 +140,13 @@ class ExpositionReader:
         append = None
         cache = self._cache
         lines = text.split("\n")
+        ascii_text = text.isascii()  # one check for the whole text: then no line's value needs its own
+        infinities = _INFINITIES
+        blank = 0  # the cache's bound counts lines that are not blank: blank ones must not raise it
         for lineno, line in enumerate(lines, 1):
             line = line.strip()
             if not line:
+                blank += 1
                 continue
             if line[0] == "#":
                 meta = cache.get(line) or self._parse_meta(line, lineno)
@@ -152,8 +158,10 @@ class ExpositionReader:
                     families.append(current)
                     append = current.samples.append
                     allowed = type_allowed if kind == "TYPE" else frozenset((name,))
-                else:
-                    current.header += wire
+                elif (current.help_raw if kind == "HELP" else current.type) is None:
+                    current.header += wire  # the family's other line
+                else:  # a repeat replaces its kind's line, as its payload does: appended, 20,000 took 11 s
+                    current.header = _replaced(current.header, kind, wire)
                 if kind == "HELP":
                     current.help_raw = payload
                 else:
@@ -165,21 +173,29 @@ class ExpositionReader:
                 split = line.split(None, 1)
                 if len(split) != 2:
                     raise ParseError(lineno, line, "sample without a value")
-                key, rest = split[0], " " + split[1]
+                if "{" in split[0]:
+                    raise ParseError(lineno, line, "unbalanced braces")
+                # Cached apart from every braced key (no line holds a newline), so that "foo} 1" never finds the
+                # series of "foo 1", nor "foo{a="b" 1" that of "foo{a="b"} 1".
+                key, rest = split[0] + "\n", " " + split[1]
             series = cache.get(key) or self._parse_series(key, brace, lineno, line)
+            if not ascii_text and not rest.isascii():  # Python reads "١٢" and a no-break space; Prometheus does
+                raise ParseError(lineno, line, "invalid value or timestamp")  # not, and the whole scrape fails
             try:
                 if "_" in rest:
                     raise ValueError
                 value = float(rest)
             except ValueError:
                 value = _value_with_timestamp(rest, lineno, line)
+            if value in infinities and "inf" not in rest.lower():  # 1e9999: Go's ParseFloat says out of range
+                raise ParseError(lineno, line, "value out of range")
 
             if series.name in allowed:
                 append((series, value, series.exported + rest))  # type: ignore[misc]
             else:
                 families.append(Family(series.name, samples=[(series, value, series.exported + rest)]))
                 current, allowed = None, frozenset()
-        if len(cache) > 2 * len(lines) + 64:
+        if len(cache) > 2 * (len(lines) - blank) + 64:
             # Series came and went; start over so the cache follows the target's cardinality.
             self._cache = {}
         return families
@@ -207,7 +223,9 @@ class ExpositionReader:
     def _parse_series(self, key: str, brace: str, lineno: int, line: str) -> Series:
         """``key`` is the sample line up to its closing brace (excluded), or its name alone."""
         if not brace:
-            name, inner = key, None
+            name, inner = key[:-1], None  # less the newline it is cached under
+        elif "{" not in key:
+            raise ParseError(lineno, line, "unbalanced braces")
         else:
             name, _, inner = key.partition("{")
             name = name.rstrip()
@@ -228,6 +246,11 @@ class ExpositionReader:
         if inner and inner.strip():
             return f"{name}{{{self._extra_text},{inner}}}"
         return f"{name}{{{self._extra_text}}}"
+
+
+def _replaced(header: str, kind: str, wire: str) -> str:
+    """A family's header (a HELP and a TYPE line at most) with its ``kind`` line replaced by ``wire``."""
+    return "".join(wire if line.split(None, 2)[1] == kind else line for line in header.splitlines(keepends=True))
 
 
 def _parse_labels(inner: str, lineno: int, line: str) -> tuple[tuple[str, str], ...]:

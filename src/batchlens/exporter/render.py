@@ -52,9 +52,10 @@ def _grouped(blocks: Iterable[FamilyBlock]) -> dict[str, list[str]]:
     return grouped
 
 
-def _passthrough(states: Iterable[SourceState]) -> str:
-    """Every source's blocks, one header per family across sources."""
-    blocks = (block for state in states if state.reading for block in state.reading.blocks)
+def _passthrough(states: Iterable[SourceState], ours: frozenset[str] = frozenset()) -> str:
+    """Every source's blocks, one header per family across sources, less any family named as one of ``ours``: an
+    engine serving ``batchlens_source_up`` would spoof the exporter's own series, and give it a second header."""
+    blocks = (block for state in states if state.reading for block in state.reading.blocks if block.name not in ours)
     return "".join([part for parts in _grouped(blocks).values() for part in parts])
 
 
@@ -115,8 +116,23 @@ class SnapshotCollector:
 
 def render(snapshot: Snapshot, static: tuple[Metric, ...] = ()) -> bytes:
     """The exposition: passed-through families, then ours; ``static`` holds what the config alone says."""
-    collector = SnapshotCollector(snapshot, static)
-    return _passthrough(snapshot.states).encode() + generate_latest(collector)  # type: ignore[arg-type]
+    families = list(SnapshotCollector(snapshot, static).collect())
+    # A counter's family is named without _total, an info's without _info; a histogram's samples add suffixes.
+    ours = frozenset(f.name + suffix for f in families for suffix in _SUFFIXES)
+    return _passthrough(snapshot.states, ours).encode() + generate_latest(_Collected(families))  # type: ignore[arg-type]
+
+
+_SUFFIXES = ("", "_total", "_info", "_bucket", "_count", "_sum", "_created")
+
+
+class _Collected:
+    """Families already collected, as the Collector protocol hands them to prometheus_client's renderer."""
+
+    def __init__(self, families: list[Metric]):
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
 
 
 def engine_roles(engines: Iterable[Engine]) -> tuple[Metric, ...]:

@@ -16,7 +16,7 @@ from types import ModuleType
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batchlens import __version__
-from batchlens.config import Config, Engine, parse_listen
+from batchlens.config import Config, Engine, mask_url, parse_listen
 from batchlens.discovery.kubernetes import DiscoverySource, PodLister, node_name
 from batchlens.exporter.host_source import HostSource
 from batchlens.exporter.http_get import HttpGetter
@@ -129,7 +129,7 @@ class Exporter:
             self._tasks.append(self._sample(source, cfg.interval_seconds))
         if (trim := _malloc_trim()) is not None:
             self._tasks.append(asyncio.create_task(_trim_every(trim, _TRIM_SECONDS), name="malloc_trim"))
-        names = ", ".join(f"{e.name}={e.url}" for e in self.config.engines) or "none"
+        names = ", ".join(f"{e.name}={mask_url(e.url)}" for e in self.config.engines) or "none"
         log.info("sampling every %gs; engines: %s", cfg.interval_seconds, names)
         k8s = self.config.kubernetes
         if self._lister is not None:

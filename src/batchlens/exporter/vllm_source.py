@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 from pydantic import ValidationError
 
 from batchlens.admin_api import BATCH_PATH, BatchState, bearer
-from batchlens.config import Engine
+from batchlens.config import Engine, mask_url
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ExpositionReader, Family, ParseError
@@ -80,7 +80,7 @@ class VllmSource:
             families: list[Family] = self._reader.parse(text)
         except ParseError as exc:
             raise SourceError(
-                "parse", f"{self.engine.url}/metrics is not a Prometheus text exposition: {exc}"
+                "parse", f"{mask_url(self.engine.url)}/metrics is not a Prometheus text exposition: {exc}"
             ) from None
         metrics = kv_block_metrics(families, self._base)
         self.model_name = next((model for model, _ in engines_seen(families) if model), self.model_name)
@@ -108,4 +108,4 @@ class VllmSource:
                 hint = " (the server has no BATCHLENS_ADMIN_TOKEN configured)"
             return (f"admin_{exc.reason}", f"admin API: {exc}{hint}")
         except ValidationError as exc:
-            return ("admin_invalid", f"admin API {url} answered an unexpected body: {exc.errors()[0]['msg']}")
+            return ("admin_invalid", f"admin API {mask_url(url)} answered an unexpected body: {exc.errors()[0]['msg']}")
