@@ -160,6 +160,8 @@ def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
         (caps(tokens=100, queued=50), -3, "max_num_queued_tokens"),
         (caps(), -1, None),  # no cap: the door is open to every class
         (caps(reqs=1, unfinished=0), -1, None),  # half a cap of 1 is still 1: an idle engine takes it
+        (caps(reqs=0, unfinished=0), -1, "max_num_queued_reqs"),  # but never past the cap: 0 (at launch) is 0
+        (caps(tokens=0, queued=0), -1, "max_num_queued_tokens"),
         (caps(tokens=1, queued=0), -1, None),
     ],
 )

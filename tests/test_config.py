@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from batchlens.config import ConfigError, load_config, masked_dump, parse_engine_flag
+from batchlens.config import ConfigError, load_config, mask_url, masked_dump, parse_engine_flag
 from harness.exporter import BATCHLENS
 
 FILE = """
@@ -118,6 +118,7 @@ def test_masked_dump_hides_secrets() -> None:
     assert "hunter2" not in dumped and "tok-123" not in dumped
     assert "bob:***@127.0.0.1:8000" in dumped
     assert '"BATCHLENS_ADMIN_TOKEN": "set (****)"' in dumped and '"BATCHLENS_WEBHOOK_TOKEN": "NOT SET"' in dumped
+    assert mask_url("http://bob:hunter2@[::1]:8000/metrics") == "http://bob:***@[::1]:8000/metrics"
 
 
 def test_config_show_cli_prints_the_effective_config_without_secrets(config_file) -> None:

@@ -79,6 +79,13 @@ def test_a_nan_or_infinite_figure_is_no_sample(vllm_exposition: str, series: str
         read_sample("\n".join(lines) + "\n", time=10.0)
 
 
+def test_vllms_nan_kv_usage_before_it_has_blocks_is_no_usage(vllm_exposition: str) -> None:
+    lines = vllm_exposition.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("vllm:kv_cache_usage_perc{"))
+    lines[at] = lines[at].rsplit(" ", 1)[0] + " NaN"
+    assert read_sample("\n".join(lines) + "\n", time=10.0).kv_usage == 0.0, "a starting engine is steered"
+
+
 TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)
 PEAK = Peak(32, 1000.0)  # 1000 tokens/s from a batch of 32: a peak carries no time, so age never forgets it
 # A minute of demand under what is served (so keep_up stays out), with 40 prompt tokens to a generated one (the

@@ -6,12 +6,17 @@ import asyncio
 import json
 import time
 
+import aiohttp
 import pytest
 from pydantic import ValidationError
 
+from batchlens.config import Config, Engine
 from batchlens.remediation.breaker import EngineState
+from batchlens.remediation.server import RemediationServer
+from batchlens.remediation.service import Remediator
 from batchlens.remediation.store import INBOX_KEEP_SECONDS, Delivery, Store
 from batchlens.remediation.webhook import MAX_FUTURE_SECONDS, WebhookPayload, deliveries
+from harness.procs import free_port
 from harness.remediate import alert, notification
 
 NOW = 1_790_000_042.0  # just after the harness' alerts start
@@ -179,3 +184,42 @@ def test_an_engine_in_a_namespace_takes_alerts_of_that_namespace_from_a_token_go
     assert kept(None) == (["a/vllm", "static"], {"namespace_mismatch": 1})  # the service's token
     assert kept(frozenset({"a"})) == (["a/vllm"], {"other_namespace": 2})  # a's token: a's engines only
     assert kept(frozenset({"a", "b"})) == (["a/vllm"], {"namespace_mismatch": 1, "other_namespace": 1})  # shared
+
+
+def test_a_count_past_what_metrics_can_render_or_a_time_without_its_zone_is_no_payload() -> None:
+    """A 400-digit truncatedAlerts broke /metrics for good (a counter is a float there); a time without its zone
+    would be read in this host's, hours off."""
+    with pytest.raises(ValidationError, match="truncatedAlerts"):
+        WebhookPayload.model_validate(notification(alert("a"), truncated=10**400))
+    naive = alert("a")
+    naive["startsAt"] = "2026-12-06T00:00:00"
+    with pytest.raises(ValidationError, match="timezone"):
+        WebhookPayload.model_validate(notification(naive))
+
+
+def test_a_delivery_for_an_engine_that_left_is_dropped_and_the_rest_are_decided(tmp_path) -> None:
+    """A tenant fires on its own pod, then deletes it: its pending delivery raised KeyError on every pass, ahead
+    of every other tenant's (the inbox is read oldest first). Engines on ports nobody listens on."""
+    config = Config.model_validate({"engines": [{"name": "static", "url": f"http://127.0.0.1:{free_port()}"}]})
+    store = Store(tmp_path / "state.db")
+    pod = Engine(name="ns-a/pod", url=f"http://127.0.0.1:{free_port()}", labels={"namespace": "ns-a"})
+
+    async def run() -> dict:
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(config, store, session, {})
+            await hook.engines_found([pod])
+            fired = alert("ns-a/pod")
+            fired["labels"]["namespace"] = "ns-a"
+            await hook.accept(WebhookPayload.model_validate(notification(fired)), frozenset({"ns-a"}))
+            await hook.engines_found([])  # the pod is gone before the worker decides
+            await hook.accept(WebhookPayload.model_validate(notification(alert("static", "resolved"))))
+            await hook.step()
+            return dict(hook.deliveries)
+
+    decided = asyncio.run(run())
+    assert store.pending() == [] and decided["unknown_instance"] == 1, decided
+
+
+def test_the_webhook_token_from_a_secret_file_is_read_without_its_newline(tmp_path) -> None:
+    config = Config.model_validate({"remediate": {"state_path": str(tmp_path / "state.db")}})
+    assert RemediationServer(config, {"BATCHLENS_WEBHOOK_TOKEN": "tok\n"}).token == "tok"

@@ -259,6 +259,8 @@ out = {}
 for call in ("aresponses", "acompletion"):  # not routed at all; routed, and the counting fails
     data = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "extra_headers": dict(claims)}
     out[call] = asyncio.run(hook.async_pre_call_hook(None, None, data, call))["extra_headers"]
+passed = {"query": "q"}  # a pass-through's body goes upstream as it stands: nothing added to it
+out["pass_through_endpoint"] = asyncio.run(hook.async_pre_call_hook(None, None, dict(passed), "pass_through_endpoint"))
 print(json.dumps(out))
 """
 
@@ -275,3 +277,4 @@ def test_no_request_leaves_the_proxy_with_a_clients_door_priority(tmp_path, lite
     assert ran.returncode == 0, ran.stderr[-3000:]
     sent = json.loads(ran.stdout.strip().splitlines()[-1])
     assert sent["aresponses"] == sent["acompletion"] == {"x-other": "kept", "x-batchlens-priority": "0"}, sent
+    assert sent["pass_through_endpoint"] == {"query": "q"}

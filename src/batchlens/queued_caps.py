@@ -63,8 +63,8 @@ def refusal(caps: AdmissionState, n: int = 1, priority: int = 0) -> str | None:
     if priority > 0:
         return None
 
-    def bound(cap: int) -> float:  # a sheddable share of a cap of 1 would refuse on an idle engine
-        return cap if priority == 0 else max(1.0, cap * SHEDDABLE_SHARE)
+    def bound(cap: int) -> float:  # a sheddable share of a cap of 1 would refuse on an idle engine; never past it
+        return cap if priority == 0 else min(cap, max(1.0, cap * SHEDDABLE_SHARE))
 
     if caps.max_num_queued_reqs is not None and caps.num_unfinished_reqs + n > bound(caps.max_num_queued_reqs):
         return "max_num_queued_reqs"

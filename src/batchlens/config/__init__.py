@@ -643,7 +643,7 @@ def mask_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"  # the host as written: [::1] keeps its brackets
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 

@@ -98,14 +98,15 @@ class Controller:
         self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
         # The door's working copy of what each Steering keeps for a restart (cap, cap_seen, cap_manual_until).
+        admitting = config.control.admission  # a cap stored by an earlier run with it on is no reference now
         self.caps_in_force: dict[str, object] = {
-            name: state.cap if state.cap_seen else UNSET for name, state in self.states.items()
+            name: state.cap if state.cap_seen and admitting else UNSET for name, state in self.states.items()
         }  # as batchlens last set it, or found it
         self._cap_sent: dict[str, int | None] = {}  # instance -> a cap whose PUT failed: it may have landed
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
         self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
         self._cap_hold_until: dict[str, float] = {
-            name: state.cap_manual_until for name, state in self.states.items() if state.cap_manual_until
+            name: state.cap_manual_until for name, state in self.states.items() if state.cap_manual_until and admitting
         }  # instance -> until when a cap set by hand stands
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
 
@@ -115,8 +116,8 @@ class Controller:
         None leaves the breaker's target alone: control is off for this engine (dry run, paused by hand, or not
         yet started).
         """
-        state = self.states[name]
-        if self.control.dry_run or state.limit is None or now < state.manual_until:
+        state = self.states.get(name)  # None: an engine found after start (discovery), which control never read
+        if self.control.dry_run or state is None or state.limit is None or now < state.manual_until:
             return None
         if breaker.mode != "closed" and breaker.target_limit is not None:
             return min(breaker.target_limit, state.limit)

@@ -117,13 +117,15 @@ def read_sample(text: str, time: float) -> EngineSample:
         found = buckets[name] if name is not None else {}
         return Histogram(tuple(sorted(found.items())), sums.get(name, 0.0) if name is not None else 0.0)
 
+    kv_usage = first(KV_USAGE, max)
     sample = EngineSample(
-        time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=first(KV_USAGE, max),
+        time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=0.0 if math.isnan(kv_usage) else kv_usage,
         generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
         finished=first(FINISHED), prompt_tokens=first(PROMPTED), rejected=first(REJECTED),
     )  # fmt: skip
     # The text format allows NaN and +Inf anywhere; in these figures they are a broken engine, and a rate or a
-    # cap computed from one is not a number either (int(nan) raises, ceil(inf) overflows).
+    # cap computed from one is not a number either (int(nan) raises, ceil(inf) overflows). Bar one: vLLM's KV
+    # usage is NaN until the engine has blocks, which is no usage (above).
     for name, value in _figures(sample):
         if not math.isfinite(value):
             raise NotFinite(f"{name} is {value}: the controller reads only finite figures")

@@ -35,7 +35,7 @@ The rules (DESIGN.md, "Breaker semantics"):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 from batchlens.config import Breaker as Settings
 
@@ -99,7 +99,9 @@ class EngineState:
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineState:
-        return cls(**{**data, "paged": tuple(data.get("paged", ()))})
+        """A saved state; fields it does not know (a newer release's) are left out, and a null ``paged`` is none."""
+        known = {f.name for f in fields(cls)} - {"paged"}
+        return cls(**{k: v for k, v in data.items() if k in known}, paged=tuple(data.get("paged") or ()))
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,8 @@ class RemediationServer:
     def __init__(self, config: Config, environ: Mapping[str, str] | None = None):
         self.config = config
         self.environ = os.environ if environ is None else environ
-        self.token = self.environ.get(config.remediate.webhook_token_env) or None
+        # Stripped, as a discovered token is: a Secret mounted --from-file ends in a newline, which no sender sends
+        self.token = (self.environ.get(config.remediate.webhook_token_env) or "").strip() or None
         self.requests: Counter[int] = Counter()
         self.store = Store(config.remediate.state_path)
         self.remediator: Remediator | None = None

@@ -217,7 +217,13 @@ class Remediator:
         await self._send_pages()
 
     async def _decide(self, delivery: Delivery) -> bool:
-        name, state = delivery.vllm_instance, self.states[delivery.vllm_instance]
+        name = delivery.vllm_instance
+        if name not in self.states:  # its engine left (a deleted pod, a config without it): nothing to act on
+            log.info("%s: %s %s for an engine no longer known: dropped", name, delivery.alertname, delivery.status)
+            await self.store.run(self.store.mark_done, delivery, self.clock(), "unknown_instance")
+            self.deliveries["unknown_instance"] += 1
+            return True
+        state = self.states[name]
         if delivery.alertname == KV_ALERT:
             outcome = await self._reset_prefix_cache(delivery)
             await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
@@ -294,11 +300,6 @@ class Remediator:
         target = self.target(name)
         loud = target == state.target_limit  # the breaker's acts are news; the controller's moves are logged as INFO
         if target is None or target == state.applied_limit or self.clock() < backoff.retry_at:
-            return
-        if self.controller is not None and self.controller.states[name].seen_limit == target:
-            # The engine already has it (a hand's limit the controller now follows): confirmed by its last reading,
-            # with no PUT that changes nothing.
-            await self._save(name, replace(state, applied_limit=target))
             return
         if self.settings.dry_run:
             if self._dry_run_said.get(name) != target:  # once per target; nothing is applied, so nothing recorded

@@ -153,7 +153,15 @@ class Store:
         with self._transaction():
             self._upsert("engines", instance, state.to_dict(), now)
             if done is not None:
-                self._db.execute("UPDATE inbox SET done_at = ?, outcome = ? WHERE id = ?", (now, outcome, done.id))
+                self._mark(done, now, outcome)
+
+    def mark_done(self, delivery: Delivery, now: float, outcome: str) -> None:
+        """Mark a delivery decided with no engine state to save: its engine is gone."""
+        with self._transaction():
+            self._mark(delivery, now, outcome)
+
+    def _mark(self, delivery: Delivery, now: float, outcome: str) -> None:
+        self._db.execute("UPDATE inbox SET done_at = ?, outcome = ? WHERE id = ?", (now, outcome, delivery.id))
 
     def _upsert(self, table: str, instance: str, state: dict, now: float) -> None:
         self._db.execute(

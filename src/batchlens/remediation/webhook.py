@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping
-from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from batchlens.remediation.store import Delivery
 
@@ -33,8 +32,9 @@ class WebhookAlert(BaseModel):
     status: Literal["firing", "resolved"]
     labels: dict[str, str]
     annotations: dict[str, str] = Field(default_factory=dict)
-    startsAt: datetime
-    endsAt: datetime | None = None
+    # With their zone, as Alertmanager sends them: a naive time would be read in this host's zone (hours off).
+    startsAt: AwareDatetime
+    endsAt: AwareDatetime | None = None
     fingerprint: str = Field("", max_length=MAX_FINGERPRINT)
 
 
@@ -45,7 +45,8 @@ class WebhookPayload(BaseModel):
     status: Literal["firing", "resolved"]
     receiver: str = ""
     groupKey: str = ""
-    truncatedAlerts: int = Field(0, ge=0)
+    # Bounded: it is added to a counter that /metrics renders as a float (a 400-digit count broke it for good)
+    truncatedAlerts: int = Field(0, ge=0, le=10**9)
     alerts: list[WebhookAlert] = Field(max_length=MAX_ALERTS)
 
 

@@ -58,6 +58,8 @@ if not logging.getLogger().handlers and not log.handlers:
     log.setLevel(logging.INFO)
 #: LiteLLM's call types for generation; other calls pass untouched.
 GENERATION_CALLS = frozenset({"completion", "acompletion", "text_completion", "atext_completion"})
+#: Calls the plugin does not route that reach vLLM's door all the same (arrivals.GENERATION_PATHS).
+DOOR_CALLS = frozenset({"responses", "aresponses"})
 
 
 def count_cl100k(model: str = "", **prompt) -> int:
@@ -89,8 +91,10 @@ class BatchlensRouting(CustomLogger):
                          "fallback=\"no_engine\" and kept out of the fallback ratio", role, fallbacks)  # fmt: skip
 
     async def async_pre_call_hook(self, user_api_key_dict, cache, data: dict, call_type: str):
-        if call_type not in GENERATION_CALLS:  # unrouted (/v1/responses is aresponses), but never a client's claim
-            return with_door_priority(data, 0)
+        if call_type not in GENERATION_CALLS:
+            # Unrouted. One that reaches vLLM's door (/v1/responses) goes as standard, never with a client's claim;
+            # any other body is left as it is (a pass-through's is sent upstream as it stands).
+            return with_door_priority(data, 0) if call_type in DOOR_CALLS and isinstance(data, dict) else data
         rules = self.router.rules
         try:
             headers = headers_of(data)
