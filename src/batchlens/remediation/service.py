@@ -52,7 +52,7 @@ MAX_BACKOFF = 60.0
 
 #: Alerts not acted on that mean something is misconfigured or hostile upstream (the others are routine).
 SKIPS_TO_WARN_OF = frozenset({"unknown_instance", "missing_vllm_instance", "missing_cluster", "truncated",
-                              "future_starts_at", "other_namespace", "namespace_mismatch"})  # fmt: skip
+                              "future_starts_at", "other_namespace", "namespace_mismatch", "inbox_full"})  # fmt: skip
 
 
 @dataclass
@@ -127,13 +127,14 @@ class Remediator:
         keep, skipped = deliveries(payload, now=self.clock(), instances=self.engines, alertnames=alertnames,
                                    cluster=self.cluster, namespace_of=namespace_of, scope=scope)  # fmt: skip
         if keep:
-            await self.store.run(self.store.accept, keep)
+            if refused := await self.store.run(self.store.accept, keep):
+                skipped["inbox_full"] += refused
             self.wake.set()
         for reason, n in skipped.items():
             self.deliveries[reason] += n
             if reason in SKIPS_TO_WARN_OF:
                 log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
-        return {"accepted": len(keep), **skipped}
+        return {"accepted": len(keep) - skipped["inbox_full"], **skipped}
 
     async def engines_found(self, engines: Sequence[Engine]) -> None:
         """Discovery's engine set: the new ones join with their saved state; the gone leave it saved.

@@ -35,6 +35,9 @@ from batchlens.control.steering import Steering
 from batchlens.remediation.breaker import EngineState
 
 INBOX_KEEP_SECONDS = 7 * 86400.0  # decided deliveries kept a week, for the 3 a.m. question "what came in?"
+# Deliveries waiting per engine: the breaker acts on one firing per cooldown, so past this a flood (any token
+# holder, a loop upstream, an engine that cannot be reached) would only fill the disk, at megabytes a second.
+MAX_PENDING_PER_ENGINE = 256
 ACTION_LOG_MAX_BYTES = 16 * 2**20
 
 SCHEMA = """
@@ -123,21 +126,29 @@ class Store:
     def save_control(self, instance: str, state: Steering, now: float) -> None:
         self._upsert("controllers", instance, state.to_dict(), now)
 
-    def accept(self, deliveries: list[Delivery]) -> None:
-        """Write a notification's deliveries in one transaction (all or none), and forget old decided ones."""
+    def accept(self, deliveries: list[Delivery]) -> int:
+        """Write a notification's deliveries in one transaction (all or none), and forget old decided ones.
+
+        Returns how many were refused: their engine already had MAX_PENDING_PER_ENGINE waiting to be decided."""
         if not deliveries:
-            return
+            return 0
         now = max(d.received_at for d in deliveries)
         with self._transaction():
             self._db.execute("DELETE FROM inbox WHERE done_at < ?", (now - INBOX_KEEP_SECONDS,))
+            waiting = dict(self._db.execute(
+                "SELECT vllm_instance, COUNT(*) FROM inbox WHERE done_at IS NULL GROUP BY vllm_instance"
+            ).fetchall())  # fmt: skip
+            kept = []
+            for d in deliveries:
+                if waiting.get(d.vllm_instance, 0) < MAX_PENDING_PER_ENGINE:
+                    waiting[d.vllm_instance] = waiting.get(d.vllm_instance, 0) + 1
+                    kept.append(d)
             self._db.executemany(
                 "INSERT INTO inbox (received_at, vllm_instance, alertname, status, starts_at, fingerprint) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (d.received_at, d.vllm_instance, d.alertname, d.status, d.starts_at, d.fingerprint)
-                    for d in deliveries
-                ],
+                [(d.received_at, d.vllm_instance, d.alertname, d.status, d.starts_at, d.fingerprint) for d in kept],
             )
+        return len(deliveries) - len(kept)
 
     def pending(self) -> list[Delivery]:
         rows = self._db.execute(
