@@ -26,6 +26,7 @@ from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
 from batchlens.queued_caps import PRIORITY_HEADER, cap_refusal, door_priority, priority_class, refusal_body
 
 _metrics: ArrivalMetrics | None = None
+_PRIORITY_KEY = PRIORITY_HEADER.encode()  # as ASGI gives header names: bytes, once, not on every request
 
 
 def metrics() -> ArrivalMetrics:
@@ -51,8 +52,7 @@ class ArrivalMiddleware:
         if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
-        name = PRIORITY_HEADER.encode()
-        priority = door_priority(value for key, value in scope.get("headers") or () if key.lower() == name)
+        priority = door_priority(value for key, value in scope.get("headers") or () if key.lower() == _PRIORITY_KEY)
         door_class = priority_class(priority)
         self.arrivals.arrived(time.monotonic(), door_class)
         door = self.door()
