@@ -277,6 +277,28 @@ def test_a_hanging_admin_api_does_not_slow_the_webhook(tmp_path, upstreams) -> N
         hook.stop()
 
 
+def test_an_engine_that_hangs_delays_no_other_engines_breaker(tmp_path, sim, upstreams) -> None:
+    """On a shared cluster one tenant's wedged engine must not hold up another's remediation: the hook once
+    decided every delivery in one line, and each waited out the hanging engine's 5 s admin timeout first."""
+    stuck = upstreams.add("stuck", behavior="hang", admin={"max_num_seqs": 32})
+    config = hook_config(("stuck", stuck), ("sim", sim.url))
+    config["engines"][0]["admin_token_env"] = "STUCK_TOKEN"  # each engine its own token
+    hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token, "STUCK_TOKEN": "t"})
+    try:
+        eventually(lambda: "startup: stuck: cannot read" in hook.process.log_path.read_text(), "the startup read")
+        hook.post(notification(alert("stuck"), alert("sim")))  # the stuck engine's delivery first in the inbox
+        wait_limit(sim, CAPACITY // 2)
+
+        def stuck_reads() -> dict:
+            return pick(hook.samples(), "batchlens_remediation_actions_total", vllm_instance="stuck", action="observe")
+
+        # ... while the stuck engine's GET for its own delivery has not yet timed out
+        assert not stuck_reads(), "the stuck engine's GET ended before the other engine was halved"
+        eventually(stuck_reads, "the stuck engine's own GET timing out, counted")
+    finally:
+        hook.stop()
+
+
 def test_a_put_that_fails_is_retried_until_it_lands(tmp_path) -> None:
     sim = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)))
     port = sim.port

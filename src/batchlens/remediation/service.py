@@ -1,17 +1,22 @@
 """The hook's engine room: the inbox in, breaker decisions through, admin API calls and pages out.
 
-One asyncio task does all the work, one pass at a time (:meth:`Remediator.step`):
+One asyncio task drives the work, a pass at a time (:meth:`Remediator.step`). Each engine's share of a
+pass runs as a task of its own, so an engine that hangs (a tenant's, on a shared cluster) delays its own
+deliveries and nobody else's; an engine whose last pass is still running gets no new one until it ends. An
+engine's pass:
 
-1. decide every pending delivery, oldest first, and save the state it produced
+1. decides its pending deliveries, oldest first, and saves the state each produced
    together with the delivery's "done" mark (one transaction);
-2. advance recovery on the clock;
-3. when ``control.enabled``, let the controller read and steer the engines
-   that are due (control/live.py): it says which limit each should have, the
-   breaker's target bounding it while the breaker is open;
-4. apply every target limit the admin API has not confirmed yet. A PUT sets an
+2. advances recovery on the clock;
+3. applies the target limit the admin API has not confirmed yet. A PUT sets an
    absolute value, so repeating one after a crash or a failure never halves
-   twice. Failures back off (1, 2, 4, ... 60 s) and are retried until they land;
-5. post the pages the decisions asked for to Alertmanager, retrying likewise.
+   twice. Failures back off (1, 2, 4, ... 60 s) and are retried until they land.
+
+Beside them, when ``control.enabled``, the controller reads and steers the
+engines that are due (control/live.py, a task per engine too): it says which
+limit each should have, the breaker's target bounding it while the breaker is
+open, and the engine's next pass applies it. Last, the pages the decisions
+asked for are posted to Alertmanager, retrying likewise.
 
 The webhook only writes the inbox (:meth:`accept`) and wakes the task, so it
 answers in milliseconds whatever the engines are doing.
@@ -99,6 +104,7 @@ class Remediator:
         self.states: dict[str, EngineState] = {}
         self._apply_backoff: dict[str, Backoff] = {}
         self._observe_backoff: dict[str, Backoff] = {}
+        self._passes: dict[str, asyncio.Task] = {}  # each engine's pass in flight (step)
         saved = store.states()
         for engine in config.engines:
             self._join(engine, saved)
@@ -146,6 +152,8 @@ class Remediator:
         # by now: it rejoins at its new address, with its token, before anything is sent to it.
         moved = {name for name, e in wanted.items() if name in self.engines and self.engines[name] != e}
         for name in (self.engines.keys() - self._configured - wanted.keys()) | moved:
+            if (task := self._passes.pop(name, None)) is not None:
+                task.cancel()  # nothing more is sent to the address it had
             for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff):
                 table.pop(name, None)
             if name not in moved:
@@ -178,52 +186,81 @@ class Remediator:
             self.wake.clear()
             with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
                 await asyncio.wait_for(self.wake.wait(), timeout=self._quiet)
+        await self.settle(cancel=True)  # a hanging engine's pass: what it decided is saved, a PUT is retried
         if self.controller is not None:
             await self.controller.close()
 
     async def reconcile(self) -> None:
-        """At startup: read every engine's limit, and say what is left to apply."""
-        for name, admin in self.admins.items():
-            state = self.states[name]
-            try:
-                now = await admin.get()
-            except AdminCallError as exc:
-                log.warning("startup: %s: cannot read the batch limit: %s", name, exc)
-                continue
-            pending = state.target_limit is not None and state.target_limit != state.applied_limit
-            log.info(
-                "startup: %s: limit %d of %d, breaker %s, %d strike(s)%s",
-                name, now.max_num_active_seqs, now.max_num_seqs, state.mode, state.strikes,
-                f"; target {state.target_limit} not yet confirmed: applying it" if pending else "",
-            )  # fmt: skip
-            # An engine batchlens never set: the limit in force is where it stands, so nothing is sent to confirm it.
-            untouched = state.applied_limit is None and state.target_limit is None
-            applied = now.max_num_active_seqs if untouched else state.applied_limit
-            await self._save(name, replace(state, capacity=now.max_num_seqs, applied_limit=applied))
+        """At startup: read every engine's limit, all at once (one that hangs holds up nobody), and say what is left
+        to apply."""
+        await asyncio.gather(*(self._reconcile_one(name) for name in list(self.admins)))
+
+    async def _reconcile_one(self, name: str) -> None:
+        state = self.states[name]
+        try:
+            now = await self.admins[name].get()
+        except AdminCallError as exc:
+            log.warning("startup: %s: cannot read the batch limit: %s", name, exc)
+            return
+        pending = state.target_limit is not None and state.target_limit != state.applied_limit
+        log.info(
+            "startup: %s: limit %d of %d, breaker %s, %d strike(s)%s",
+            name, now.max_num_active_seqs, now.max_num_seqs, state.mode, state.strikes,
+            f"; target {state.target_limit} not yet confirmed: applying it" if pending else "",
+        )  # fmt: skip
+        # An engine batchlens never set: the limit in force is where it stands, so nothing is sent to confirm it.
+        untouched = state.applied_limit is None and state.target_limit is None
+        applied = now.max_num_active_seqs if untouched else state.applied_limit
+        await self._save(name, replace(state, capacity=now.max_num_seqs, applied_limit=applied))
 
     async def step(self) -> None:
-        blocked: set[str] = set()  # engines that could not be observed: their later deliveries wait too
+        """Start a pass for every engine whose last one is over; the controller's ticks and the pages here."""
+        pending: dict[str, list[Delivery]] = {}
         for delivery in await self.store.run(self.store.pending):
-            if delivery.vllm_instance not in blocked and not await self._decide(delivery):
-                blocked.add(delivery.vllm_instance)
-        now = self.clock()
-        for name, state in list(self.states.items()):
-            decision = on_tick(state, now=now, settings=self.settings)
-            if decision.action != "none":
-                await self._conclude(name, decision, now)
-        if self.controller is not None:
-            self.controller.tick(now, self.states)
+            pending.setdefault(delivery.vllm_instance, []).append(delivery)
+        for name in pending.keys() - self.engines.keys():
+            await self._drop_unknown(pending[name])
         for name in self.engines:
-            await self._apply(name)
+            if name not in self._passes:
+                task = asyncio.create_task(self._engine_pass(name, pending.get(name, ())), name=f"remediate-{name}")
+                self._passes[name] = task
+                task.add_done_callback(lambda t, name=name: self._pass_done(name, t))
+        if self.controller is not None:
+            self.controller.tick(self.clock(), self.states)
         await self._send_pages()
+
+    async def settle(self, *, cancel: bool = False) -> None:
+        """Wait for the engines' passes in flight; with ``cancel``, end them first (at shutdown)."""
+        passes = list(self._passes.values())
+        for task in passes if cancel else ():
+            task.cancel()
+        await asyncio.gather(*passes, return_exceptions=True)
+
+    def _pass_done(self, name: str, task: asyncio.Task) -> None:
+        if self._passes.get(name) is task:  # not a pass of a pod that left and came back under its name
+            del self._passes[name]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: a remediation pass failed; the next one retries", name, exc_info=task.exception())
+
+    async def _engine_pass(self, name: str, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            if not await self._decide(delivery):
+                break  # the engine could not be observed: its later deliveries wait their turn
+        decision = on_tick(self.states[name], now=self.clock(), settings=self.settings)
+        if decision.action != "none":
+            await self._conclude(name, decision, self.clock())
+        await self._apply(name)
+
+    async def _drop_unknown(self, deliveries: Sequence[Delivery]) -> None:
+        """Deliveries for an engine that left (a deleted pod, a config without it): nothing to act on."""
+        for delivery in deliveries:
+            log.info("%s: %s %s for an engine no longer known: dropped", delivery.vllm_instance, delivery.alertname,
+                     delivery.status)  # fmt: skip
+            await self.store.run(self.store.mark_done, delivery, self.clock(), "unknown_instance")
+            self.deliveries["unknown_instance"] += 1
 
     async def _decide(self, delivery: Delivery) -> bool:
         name = delivery.vllm_instance
-        if name not in self.states:  # its engine left (a deleted pod, a config without it): nothing to act on
-            log.info("%s: %s %s for an engine no longer known: dropped", name, delivery.alertname, delivery.status)
-            await self.store.run(self.store.mark_done, delivery, self.clock(), "unknown_instance")
-            self.deliveries["unknown_instance"] += 1
-            return True
         state = self.states[name]
         if delivery.alertname == KV_ALERT:
             outcome = await self._reset_prefix_cache(delivery)
@@ -342,19 +379,19 @@ class Remediator:
                 self.pages[(page.reason, "no_alertmanager")] += 1
             self._page_queue.clear()
             return
-        alerts = [self._page_alert(p) for p in self._page_queue]
+        sending = list(self._page_queue)  # the engines' passes may queue more while the POST is out
         try:
-            await self.alertmanager.post_alerts(alerts)
+            await self.alertmanager.post_alerts([self._page_alert(p) for p in sending])
         except AlertmanagerError as exc:
             delay = self._page_backoff.failed(self.clock())
             log.error("paging through Alertmanager failed: %s; retry in %.0f s", exc, delay)
-            for page in self._page_queue:
+            for page in sending:
                 self.pages[(page.reason, "error")] += 1
             return
         self._page_backoff = Backoff()
-        for page in self._page_queue:
+        for page in sending:
             self.pages[(page.reason, "resolved" if page.resolve else "sent")] += 1
-        self._page_queue.clear()
+        del self._page_queue[: len(sending)]
 
     def _page_alert(self, page: Page) -> PostableAlert:
         now = utc(self.clock())
