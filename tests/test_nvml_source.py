@@ -51,7 +51,8 @@ class Rig:
     def __init__(self, gpus: list[FakeGpu], engines=(), **driver):
         self.gpus = gpus
         self.fake = FakeNvml(gpus, **driver)
-        self.src = NvmlSource(list(engines), nvml=self.fake.module())
+        self.nvml = self.fake.module()
+        self.src = NvmlSource(list(engines), nvml=self.nvml)
 
     def sample(self, models: dict[str, str] | None = None):
         self.fake.advance(5)
@@ -291,6 +292,29 @@ def test_a_gpu_lost_mid_run_goes_down_alone_and_comes_back(failure: int) -> None
     samples = rig.scrape()
     assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid}) == 1
     assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1)) == 0.6
+
+
+def test_an_exception_outside_nvml_on_one_gpu_takes_that_gpu_down_alone(caplog) -> None:
+    """A binding's own error (ctypes, a name that does not decode: no NVMLError) on one GPU took every GPU's
+    series with it. The fault is injected into the fake module's one call, for GPU 1 alone."""
+    gpus = [h100_sxm(0, util_gpu=50), h100_sxm(1, util_gpu=60)]
+    rig = Rig(gpus)
+    power = rig.nvml.nvmlDeviceGetPowerUsage
+
+    def broken(handle):
+        if handle.gpu is gpus[1]:
+            raise ValueError("a binding bug")
+        return power(handle)
+
+    rig.nvml.nvmlDeviceGetPowerUsage = broken
+    with caplog.at_level(logging.ERROR, "batchlens"):
+        assert [reason for reason, _ in rig.sample().soft_errors] == ["gpu_error"]
+        samples = rig.scrape()
+    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid}) == 0
+    assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[0], 0)) == 0.5
+    assert [r.exc_info is not None for r in caplog.records] == [True], "the traceback, once, not every tick"
+    rig.nvml.nvmlDeviceGetPowerUsage = power
+    assert value(rig.scrape(), "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1)) == 0.6
 
 
 def test_a_gpu_lost_before_its_first_reading_is_down_without_a_uuid() -> None:

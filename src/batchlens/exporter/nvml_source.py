@@ -12,6 +12,9 @@ NVML's errors follow one policy, in :class:`NvmlCalls`:
 - ``GpuIsLost`` and ``Unknown``: the GPU is gone. Its series drop and its
   ``batchlens_source_up{gpu=...}`` turns 0; the other GPUs carry on. It is
   tried again every tick.
+- an exception that is no NVMLError at all (a binding's ctypes or decode
+  error) on one GPU: that GPU is down for the tick, as if lost, with the
+  traceback logged once (``gpu_error``); the other GPUs carry on.
 - anything else (``NoPermission``, ``Timeout``...): counted as a soft error,
   and the value is skipped this tick.
 
@@ -261,6 +264,7 @@ class NvmlSource:
         self._driver: dict[str, str] = {}
         self._static_checked = False
         self._said_no_driver = False
+        self._said_broken: set[int] = set()  # GPUs whose exception outside NVML was logged, until they read again
 
     async def sample(self) -> Reading:
         models = dict(self._models())  # read on the event loop, where the vLLM sources write it
@@ -276,6 +280,7 @@ class NvmlSource:
         processes: list[GpuProcess] = []
         down: list[GpuDevice] = []
         lost: list[str] = []
+        broken: list[str] = []
         for gpu in gpus:
             try:
                 readings += self._read(gpu)
@@ -284,8 +289,20 @@ class NvmlSource:
                 gpu.reset_gpm()
                 down.append(gpu.device)
                 lost.append(f"GPU {gpu.index} {gpu.device.uuid} ({exc})")
+            except Exception as exc:  # not NVML's: a bug in the binding on one GPU must not take the others
+                if gpu.index not in self._said_broken:
+                    log.exception("nvml: GPU %d: reading it raised %s; it is down until it reads again",
+                                  gpu.index, type(exc).__name__)  # fmt: skip
+                    self._said_broken.add(gpu.index)
+                gpu.reset_gpm()
+                down.append(gpu.device)
+                broken.append(f"GPU {gpu.index} {gpu.device.uuid} ({type(exc).__name__}: {exc})")
+            else:
+                self._said_broken.discard(gpu.index)
         if lost:
             self._calls.soft["gpu_lost"] = "GPU lost, its series dropped: " + "; ".join(lost)
+        if broken:
+            self._calls.soft["gpu_error"] = "GPU read failed outside NVML, its series dropped: " + "; ".join(broken)
         devices = [r.device for r in readings]
         if not self._static_checked and not down:
             self._check_static(devices)
