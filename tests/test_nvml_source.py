@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from harness.fake_pynvml import (
     h100_sxm,
     t4,
 )
+from harness.procs import free_port
 
 DOCS = Path(__file__).parent.parent / "docs" / "gpu-metrics.md"
 
@@ -401,6 +405,33 @@ def test_close_frees_gpm_samples_and_shuts_nvml_down() -> None:
     rig.src.close()
     assert rig.fake.calls["nvmlGpmSampleFree"] == rig.fake.calls["nvmlGpmSampleAlloc"] == 8
     assert not rig.fake.initialized
+
+
+def test_sigterm_ends_the_exporter_while_an_nvml_call_is_stuck_in_the_driver() -> None:
+    """A wedged driver never returns from a call; the process once waited on that thread at exit, forever, until
+    the kubelet killed it. The exporter runs in a child process over the fake module, whose power reading hangs."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys, threading
+        from harness.fake_pynvml import FakeNvml, h100_sxm
+        module = FakeNvml([h100_sxm(0)]).module()
+        entered = threading.Event()
+        def stuck(handle):
+            entered.set()
+            threading.Event().wait()
+        module.nvmlDeviceGetPowerUsage = stuck
+        sys.modules["pynvml"] = module  # what the exporter imports
+        from batchlens.config import Config
+        from batchlens.exporter.server import serve
+        threading.Thread(target=lambda: (entered.wait(), os.kill(os.getpid(), signal.SIGTERM)), daemon=True).start()
+        serve(Config.model_validate({{"exporter": {{"listen": "127.0.0.1:{free_port()}", "interval_seconds": 0.2}}}}))
+    """)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    try:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the exporter did not exit within 30 s of SIGTERM while an NVML call hung")
+    assert done.returncode == 0, done.stderr
+    assert "a call is stuck in the driver" in done.stderr, done.stderr
 
 
 def test_every_gpu_metric_is_documented() -> None:

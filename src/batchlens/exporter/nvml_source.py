@@ -340,9 +340,11 @@ class NvmlSource:
     async def aclose(self, timeout: float = 2.0) -> None:
         """:meth:`close` in the NVML thread, after any sample still running there; bounded by ``timeout``."""
         loop = asyncio.get_running_loop()
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(timeout):
                 await loop.run_in_executor(self._executor, self.close)
+        except TimeoutError:
+            log.warning("nvml: a call is stuck in the driver (%.0f s after stopping); exiting without it", timeout)
 
     def _check_static(self, devices: Sequence[GpuDevice]) -> None:
         """Warn, once, about a ``gpus:`` entry that names no GPU here: most likely a typo."""

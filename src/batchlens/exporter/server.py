@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -29,6 +28,7 @@ from batchlens.exporter.sampler import Sampler, Source, describe
 from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
 from batchlens.exporter.vllm_source import VllmSource
+from batchlens.exporter.worker_thread import DaemonWorker
 
 log = logging.getLogger("batchlens.exporter")
 
@@ -51,7 +51,7 @@ class Exporter:
         self.store = SnapshotStore()
         self._environ = os.environ if environ is None else environ
         self._http = HttpGetter()
-        self._executors: list[ThreadPoolExecutor] = []
+        self._executors: list[DaemonWorker] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._body_version = -1
         self._static = engine_roles(config.engines)
@@ -59,7 +59,7 @@ class Exporter:
         self._nvml: NvmlSource | None = None
         self._engines: dict[str, VllmSource] = {}  # every engine, configured or discovered, by name
         self._discovered: dict[str, asyncio.Task[None]] = {}  # a discovered engine's sampler
-        self._parser: ThreadPoolExecutor | None = None
+        self._parser: DaemonWorker | None = None
         # Built here, not at start: a missing extra or API config stops the command with its reason.
         k8s, socket = config.kubernetes, config.exporter.pod_resources_socket
         self._node = node_name(k8s, self._environ) if k8s.discover else ""
@@ -68,10 +68,10 @@ class Exporter:
         timeout = min(1.0, config.exporter.timeout_seconds)
         self._kubelet = PodResourcesClient(socket, timeout) if socket and config.exporter.nvml else None
 
-    def _worker(self, name: str) -> ThreadPoolExecutor:
+    def _worker(self, name: str) -> DaemonWorker:
         # One thread per kind of blocking work, no more: every thread gets its own
         # malloc arena and holds on to its memory.
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"batchlens-{name}")
+        executor = DaemonWorker(f"batchlens-{name}")
         self._executors.append(executor)
         return executor
 
