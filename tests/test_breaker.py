@@ -148,6 +148,30 @@ def test_an_out_of_order_resolution_of_an_older_episode_is_only_recorded() -> No
     ])  # fmt: skip
 
 
+def test_an_open_breaker_that_hears_no_firing_for_the_silence_takes_its_episode_for_over() -> None:
+    """A resolution lost while the hook was down, or a newer alert that nobody resolves (its older twin's
+    resolution is only recorded), held the limit at a half, or at a cold start, for good."""
+    silence = SETTINGS.firing_silence_seconds
+    run([
+        (1100, fire(32, starts_at=1050), "halve", {"set_limit": 16}),
+        (1200, fire(16, starts_at=1150), "halve", {"set_limit": 8, "strikes": 2}),  # a second, newer alert
+        (1210, resolve(starts_at=1050), "none", {"mode": "tripped"}),  # the first resolves: an older episode
+        (1230, fire(8, starts_at=1150), "none", {"skipped": "cooldown", "firing_seen_at": 1230}),  # still firing
+        (1230 + silence - 1, tick, "none", {"mode": "tripped"}),
+        (1230 + silence, tick, "resolved", {"mode": "recovering", "says": "no firing delivery for 1800 s"}),
+        (1230 + silence + 300, tick, "raise", {"set_limit": 11}),
+    ])  # fmt: skip
+    # a held episode's capacity page resolves, and the next episode pages again
+    run([
+        (0, fire(8, waiting=32), "hold_overload", {"page": "capacity"}),
+        (silence, tick, "resolved", {"paged": (), "resolved_pages": ("capacity",)}),
+        (silence + 10, fire(8, waiting=32), "hold_overload", {"page": "capacity"}),
+    ])  # fmt: skip
+    # a cold start saved before the hook kept firing_seen_at goes by its last action
+    saved = EngineState(mode="cold_start", strikes=3, original_limit=32, target_limit=1, last_action_at=100.0)
+    assert on_tick(saved, now=100 + silence, settings=SETTINGS).state.mode == "recovering"
+
+
 def test_overload_holds_the_limit_counts_no_strike_and_pages_capacity_once() -> None:
     run([
         (0, fire(8, waiting=32), "hold_overload", {"set_limit": None, "strikes": 0, "page": "capacity",

@@ -236,6 +236,13 @@ class Breaker(_Section):
     #: POST /batchlens/v1/reset_prefix_cache with the engine's admin token (never vLLM's dev-mode route).
     reset_prefix_cache: bool = False
     dry_run: bool = False
+    #: Alertmanager sends a firing alert again every repeat_interval (2 m on the provisioned breaker route). An
+    #: open breaker that hears nothing this long takes its episode for over: a lost resolution (the hook down
+    #: when it came), or a firing that nobody will resolve, would otherwise hold the limit down for good.
+    firing_silence_seconds: float = Field(
+        1800, gt=0, description="an open breaker with no firing delivery this long recovers; keep it well above "
+        "the breaker route's repeat_interval"
+    )  # fmt: skip
 
 
 class Remediate(_Section):

@@ -26,6 +26,12 @@ The rules (DESIGN.md, "Breaker semantics"):
   the SLO, P99 still comes from the queue, and halving would only shed more.
   The breaker holds and pages "capacity" the same way, with the door's
   figures in the reason.
+- **Silence ends an episode.** Alertmanager repeats a firing alert every
+  repeat_interval. An open breaker (tripped, cold start, or holding with a
+  page out) that has had no firing delivery for ``firing_silence_seconds``
+  takes the episode for over, as if it had resolved: its resolution was lost
+  (the hook was down when it came), or the firing was one that nobody will
+  resolve, and either would hold the limit down for good.
 - Recovery starts when the alert resolves. Each ``recovery_interval_seconds``
   without a new trigger adds max(1, 10% of the original limit), up to the
   limit the engine had before the first strike; reaching it closes the breaker
@@ -93,6 +99,7 @@ class EngineState:
     resolved_through: float | None = None  # newest startsAt seen resolved
     recovering_since: float | None = None  # when recovery began or last stepped
     paged: tuple[str, ...] = ()  # reasons already paged in this episode
+    firing_seen_at: float | None = None  # when the newest firing delivery of the episode came (acted on or not)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,6 +141,7 @@ def without_future_times(state: EngineState, *, now: float, skew: float) -> Engi
 def on_firing(state: EngineState, *, starts_at: float, now: float, obs: Observation, settings: Settings) -> Decision:
     if state.resolved_through is not None and starts_at <= state.resolved_through:
         return _none(state, "out-of-order delivery: this episode has already resolved", "stale")
+    state = replace(state, firing_seen_at=now)  # the episode still fires: silence has not ended it
     if state.last_action_at is not None and now - state.last_action_at < settings.cooldown_seconds:
         left = settings.cooldown_seconds - (now - state.last_action_at)
         return _none(state, f"inside the cooldown ({left:.0f} s left): recorded, not acted on", "cooldown")
@@ -182,6 +190,15 @@ def on_resolved(state: EngineState, *, starts_at: float, now: float) -> Decision
 
 
 def on_tick(state: EngineState, *, now: float, settings: Settings) -> Decision:
+    heard = state.firing_seen_at if state.firing_seen_at is not None else state.last_action_at  # saved before the field
+    if heard is not None and now - heard >= settings.firing_silence_seconds:
+        silence = (f"no firing delivery for {now - heard:.0f} s (breaker.firing_silence_seconds): the episode is "
+                   "taken for over, its resolution lost")  # fmt: skip
+        if state.mode in ("tripped", "cold_start"):
+            return Decision(replace(state, mode="recovering", recovering_since=now), "resolved",
+                            f"{silence}; recovery begins")  # fmt: skip
+        if state.mode == "closed" and state.paged:
+            return Decision(replace(state, paged=()), "resolved", silence, resolved_pages=state.paged)
     if state.mode != "recovering" or state.recovering_since is None:
         return _none(state, "")
     if now - state.recovering_since < settings.recovery_interval_seconds:
