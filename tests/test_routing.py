@@ -35,7 +35,7 @@ from batchlens.routing.proxy_request import (
 )
 from batchlens.routing.router import Router
 from batchlens.routing.signals import DOWN, OK, SATURATED, UNKNOWN, EngineSignal, engine_signals
-from batchlens.routing.trust import Caller, screen
+from batchlens.routing.trust import Caller, is_trusted, screen
 
 RULES = Routing()
 
@@ -353,9 +353,15 @@ class Auth:
 
 
 def test_the_caller_and_the_claims_are_read_from_the_proxy_request_and_dropped_from_it() -> None:
-    auth = Auth(user_role="LitellmUserRoles.INTERNAL_USER", key_alias="tenant-a", team_id="t1", team_alias=None,
-                metadata={"tags": ["kiosk"]}, team_metadata={"tags": "not-a-list"})  # fmt: skip
-    assert caller_of(auth) == Caller(False, "tenant-a", frozenset({"t1"}), frozenset({"kiosk"}))
+    auth = Auth(user_role="LitellmUserRoles.INTERNAL_USER", key_alias="kiosk", team_id=None, team_alias=None,
+                metadata={"tags": ["interactive"]}, team_metadata={"tags": "not-a-list"})  # fmt: skip
+    assert caller_of(auth) == Caller(False, "kiosk", frozenset(), frozenset({"interactive"}))
+    # A team key's alias and tags are the team admin's to edit (LiteLLM's /key/update): no trust; its team's are.
+    team_key = Auth(key_alias="ops-console", team_id="t1", team_alias="research", metadata={"tags": ["interactive"]},
+                    team_metadata={"tags": ["batchlens-role:long"]})  # fmt: skip
+    assert caller_of(team_key) == Caller(False, "ops-console", frozenset({"t1", "research"}),
+                                         frozenset({"batchlens-role:long"}), team_key=True)  # fmt: skip
+    assert not is_trusted(caller_of(team_key), Routing(trusted_keys=["ops-console"]))
     assert caller_of(Auth(user_role="proxy_admin")).admin and not caller_of(object()).admin
     data = {"metadata": {"tags": ["interactive", "spend:x"]}, "tags": ["batchlens-engine:b"],
             "extra_body": {"priority": -10, "top_k": 5}}  # fmt: skip

@@ -190,9 +190,12 @@ def test_a_tenants_key_cannot_claim_the_interactive_engine_pin_one_or_set_a_prio
         proxy.complete("hello", key="sk-ops-console", headers=interactive)  # trusted by routing.trusted_keys
         proxy.complete("hello", key="sk-kiosk")  # the admin tagged the key itself: a config rule
         assert {n: served(e) for n, e in engines.items()} == {"main": 4, "fast": 2}
+        # a team key its team's admin renamed to the trusted alias and tagged: the tenant's claim, not trust
+        proxy.complete("hello", key="sk-team-a-renamed", headers=interactive)
+        assert {n: served(e) for n, e in engines.items()} == {"main": 5, "fast": 2}
         ignored = pick(parse_samples(proxy.metrics()), "batchlens_routing_untrusted_claims_total")
         assert {dict(k)["claim"]: v for k, v in ignored.items()} == {
-            "latency_header": 1, "latency_tag": 1, "engine_tag": 2, "priority": 1}  # fmt: skip
+            "latency_header": 2, "latency_tag": 2, "engine_tag": 2, "priority": 1}  # fmt: skip
         assert "ignored a latency_header claim from key tenant-a" in proxy.process.log_path.read_text()
     finally:
         proxy.stop()

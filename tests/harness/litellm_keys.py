@@ -14,6 +14,8 @@ KEYS = {
     "sk-tenant-a": {"key_alias": "tenant-a", "team_id": "team-a"},
     "sk-ops-console": {"key_alias": "ops-console"},
     "sk-kiosk": {"key_alias": "kiosk", "metadata": {"tags": ["interactive"]}},  # the admin marked it interactive
+    # A team key that its team's admin renamed to a trusted alias and tagged interactive (LiteLLM's /key/update)
+    "sk-team-a-renamed": {"key_alias": "ops-console", "team_id": "team-a", "metadata": {"tags": ["interactive"]}},
 }
 
 

@@ -52,9 +52,11 @@ def caller_of(auth: Any) -> Caller:
     """Who sent the request, from LiteLLM's ``UserAPIKeyAuth``; read by attribute, so a field a release lacks
     counts as absent (the master key's record has ``user_role`` proxy_admin)."""
     role = str(getattr(auth, "user_role", None) or "")
-    teams = (getattr(auth, "team_id", None), getattr(auth, "team_alias", None))
+    team = getattr(auth, "team_id", None)
+    teams = (team, getattr(auth, "team_alias", None))
     tags: list[str] = []
-    for metadata in (getattr(auth, "metadata", None), getattr(auth, "team_metadata", None)):
+    # A team key's own metadata is its team admin's to edit (trust.py): only the team's counts then.
+    for metadata in (None if team else getattr(auth, "metadata", None), getattr(auth, "team_metadata", None)):
         if isinstance(metadata, dict) and isinstance(metadata.get("tags"), list):
             tags.extend(str(t) for t in metadata["tags"])
     alias = getattr(auth, "key_alias", None)
@@ -63,6 +65,7 @@ def caller_of(auth: Any) -> Caller:
         key_alias=str(alias) if alias else None,
         teams=frozenset(str(t) for t in teams if t),
         tags=frozenset(tags),
+        team_key=bool(team),
     )
 
 

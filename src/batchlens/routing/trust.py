@@ -11,6 +11,12 @@ trusted caller:
 Tags that the proxy's admin set on a key or on its team (LiteLLM's key and team metadata) are config
 rules, trusted whoever sends the request. From anyone else, a claim is dropped from the request and
 counted. Giving a claim up is always allowed: a header that names a class other than interactive stays.
+
+A team key is the exception: its alias and its own metadata are its team's to edit, since LiteLLM's
+``/key/update`` lets a team's admins, and the members they grant it, change them. On a team key they are the
+tenant's claims, so neither ``routing.trusted_keys`` nor the key's tags count; its team (whose id, alias and
+metadata only the proxy's admin edits) does. A personal key only the proxy's admin edits, since only it
+creates keys (proxy_config.py).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class Caller:
     key_alias: str | None = None
     teams: frozenset[str] = frozenset()  # the key's team id and alias
     tags: frozenset[str] = frozenset()  # the tags the proxy's admin set on the key or its team
+    team_key: bool = False  # a team's key: its alias is the team admin's to change, and names it only
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,8 @@ class Screened:
 def is_trusted(caller: Caller, rules: Routing) -> bool:
     if rules.trust_clients or caller.admin:
         return True
-    return caller.key_alias in rules.trusted_keys or bool(caller.teams & set(rules.trusted_teams))
+    trusted_key = not caller.team_key and caller.key_alias in rules.trusted_keys
+    return trusted_key or bool(caller.teams & set(rules.trusted_teams))
 
 
 def screen(
