@@ -298,26 +298,29 @@ def test_a_gpu_lost_mid_run_goes_down_alone_and_comes_back(failure: int) -> None
     assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1)) == 0.6
 
 
-def test_an_exception_outside_nvml_on_one_gpu_takes_that_gpu_down_alone(caplog) -> None:
+@pytest.mark.parametrize("call", ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses_v3"])
+def test_an_exception_outside_nvml_on_one_gpu_takes_that_gpu_down_alone(call: str, caplog) -> None:
     """A binding's own error (ctypes, a name that does not decode: no NVMLError) on one GPU took every GPU's
-    series with it. The fault is injected into the fake module's one call, for GPU 1 alone."""
+    series with it; in the process list, after the GPU's readings, it left them exported beside its
+    source_up 0. The fault is injected into the fake module's one call, for GPU 1 alone."""
     gpus = [h100_sxm(0, util_gpu=50), h100_sxm(1, util_gpu=60)]
     rig = Rig(gpus)
-    power = rig.nvml.nvmlDeviceGetPowerUsage
+    working = getattr(rig.nvml, call)
 
     def broken(handle):
         if handle.gpu is gpus[1]:
             raise ValueError("a binding bug")
-        return power(handle)
+        return working(handle)
 
-    rig.nvml.nvmlDeviceGetPowerUsage = broken
+    setattr(rig.nvml, call, broken)
     with caplog.at_level(logging.ERROR, "batchlens"):
         assert [reason for reason, _ in rig.sample().soft_errors] == ["gpu_error"]
         samples = rig.scrape()
     assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid}) == 0
     assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[0], 0)) == 0.5
+    assert not any(dict(k).get("gpu") == "1" for name, k in samples if name != "batchlens_source_up")
     assert [r.exc_info is not None for r in caplog.records] == [True], "the traceback, once, not every tick"
-    rig.nvml.nvmlDeviceGetPowerUsage = power
+    setattr(rig.nvml, call, working)
     assert value(rig.scrape(), "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1)) == 0.6
 
 

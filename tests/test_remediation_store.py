@@ -1,15 +1,18 @@
-"""The hook's store and webhook parsing. Pure but for a temporary SQLite file."""
+"""The hook's store and webhook parsing, pure but for a temporary SQLite file; and the hook's worker in process,
+where a test must catch it between two awaits (its admin and Alertmanager clients faked, each test says which)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections import Counter
 
 import aiohttp
 import pytest
 from pydantic import ValidationError
 
+from batchlens.admin_api import BatchState
 from batchlens.config import Config, Engine
 from batchlens.remediation.breaker import EngineState
 from batchlens.remediation.server import RemediationServer
@@ -234,3 +237,87 @@ def test_a_delivery_for_an_engine_that_left_is_dropped_and_the_rest_are_decided(
 def test_the_webhook_token_from_a_secret_file_is_read_without_its_newline(tmp_path) -> None:
     config = Config.model_validate({"remediate": {"state_path": str(tmp_path / "state.db")}})
     assert RemediationServer(config, {"BATCHLENS_WEBHOOK_TOKEN": "tok\n"}).token == "tok"
+
+
+class GatedAdmin:
+    """The admin API's client, in process: its GET answers when the test opens the gate, so a pass can be caught
+    mid-flight (a real engine cannot be paused at one await). The fake boundary is AdminClient's get and put."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.gate, self.limit, self.gets = asyncio.Event(), limit, 0
+        self.gate.set()
+
+    async def get(self) -> BatchState:
+        self.gets += 1
+        await self.gate.wait()
+        return BatchState(max_num_active_seqs=self.limit, max_num_seqs=64, num_running=0, num_waiting=0)
+
+    async def put(self, limit: int) -> BatchState:
+        self.limit = limit
+        return await self.get()
+
+
+def test_a_pass_that_ends_while_a_step_reads_the_inbox_is_not_given_its_delivery_again(tmp_path) -> None:
+    """The step read the inbox, then dropped a departed pod's leftovers (a store write each); the engine's pass
+    ended meanwhile, and the step started a new one with the delivery it had just decided: two GETs, and with
+    cooldown_seconds 0 two halvings for one alert."""
+    config = Config.model_validate({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}],
+                                    "breaker": {"cooldown_seconds": 0}})  # fmt: skip
+    store = Store(tmp_path / "state.db")
+    now = time.time()
+    leftovers = [Delivery(now, "ns/gone", "VllmP99LatencyBreaker", "firing", now - 60, f"g{i}") for i in range(20)]
+
+    async def run() -> tuple[int, Counter]:
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(config, store, session, {})
+            admin = hook.admins["a"] = GatedAdmin()
+            admin.gate.clear()
+            await hook.accept(WebhookPayload.model_validate(notification(alert("a", starts_at=now - 30))))
+            await hook.step()  # the pass for "a" starts; its GET waits at the gate
+            await asyncio.sleep(0.05)
+            await store.run(store.accept, leftovers)
+            second = asyncio.create_task(hook.step())  # reads the inbox while the delivery is not yet done
+            await asyncio.sleep(0)
+            admin.gate.set()  # the first pass decides while the step drops the leftovers
+            await second
+            await asyncio.sleep(0.1)
+            await hook.settle()
+            return admin.gets, hook.deliveries
+
+    gets, decided = asyncio.run(run())
+    assert (gets, decided["halve"]) == (2, 1), (gets, decided)  # the delivery's GET and the PUT's answer
+
+
+def test_a_page_decided_just_before_shutdown_is_posted(tmp_path) -> None:
+    """A pass queued its cold-start page after the step had posted pages; the stop then ended the worker, the
+    saved state said the page was sent, and on-call never heard. Alertmanager's client is the fake boundary."""
+    config = Config.model_validate({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    store = Store(tmp_path / "state.db")
+    now = time.time()
+    store.save("a", EngineState(mode="tripped", strikes=2, original_limit=64, target_limit=32, applied_limit=32,
+                                capacity=64, last_action_at=now - 600, firing_seen_at=now - 100), now)  # fmt: skip
+
+    class Alertmanager:
+        def __init__(self) -> None:
+            self.posted: list = []
+
+        async def post_alerts(self, alerts) -> None:
+            self.posted += alerts
+
+    async def run() -> list:
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(config, store, session, {}, alertmanager=(am := Alertmanager()))
+            hook.admins["a"] = GatedAdmin(limit=32)
+            stop = asyncio.Event()
+            worker = asyncio.create_task(hook.run(stop))
+            await asyncio.sleep(0.1)
+            await hook.accept(WebhookPayload.model_validate(notification(alert("a", starts_at=now - 30))))
+            while "a" not in {p.instance for p in hook._page_queue} and not am.posted:
+                await asyncio.sleep(0.001)  # the pass has decided the cold start: stop now
+            stop.set()
+            await worker
+            return am.posted
+
+    posted = asyncio.run(run())
+    assert store.states()["a"].paged == ("cold_start",)
+    assert [a.labels["reason"] for a in posted] == ["cold_start"]

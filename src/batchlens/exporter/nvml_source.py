@@ -282,9 +282,8 @@ class NvmlSource:
         lost: list[str] = []
         broken: list[str] = []
         for gpu in gpus:
-            try:
-                readings += self._read(gpu)
-                processes += self._processes(gpu)
+            try:  # both or neither: a GPU that is down must have no series
+                read, running = self._read(gpu), self._processes(gpu)
             except GpuLost as exc:
                 gpu.reset_gpm()
                 down.append(gpu.device)
@@ -298,6 +297,8 @@ class NvmlSource:
                 down.append(gpu.device)
                 broken.append(f"GPU {gpu.index} {gpu.device.uuid} ({type(exc).__name__}: {exc})")
             else:
+                readings += read
+                processes += running
                 self._said_broken.discard(gpu.index)
         if lost:
             self._calls.soft["gpu_lost"] = "GPU lost, its series dropped: " + "; ".join(lost)

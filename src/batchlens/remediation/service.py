@@ -187,6 +187,7 @@ class Remediator:
             with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
                 await asyncio.wait_for(self.wake.wait(), timeout=self._quiet)
         await self.settle(cancel=True)  # a hanging engine's pass: what it decided is saved, a PUT is retried
+        await self._send_pages()  # what the last passes decided
         if self.controller is not None:
             await self.controller.close()
 
@@ -215,13 +216,16 @@ class Remediator:
 
     async def step(self) -> None:
         """Start a pass for every engine whose last one is over; the controller's ticks and the pages here."""
+        # Engines with no pass in flight, taken before the inbox is read: a pass that ends during the awaits below
+        # has decided deliveries that this read still lists, and must not be given them again.
+        idle = [name for name in self.engines if name not in self._passes]
         pending: dict[str, list[Delivery]] = {}
         for delivery in await self.store.run(self.store.pending):
             pending.setdefault(delivery.vllm_instance, []).append(delivery)
         for name in pending.keys() - self.engines.keys():
             await self._drop_unknown(pending[name])
-        for name in self.engines:
-            if name not in self._passes:
+        for name in idle:
+            if name in self.engines:  # not gone during the awaits
                 task = asyncio.create_task(self._engine_pass(name, pending.get(name, ())), name=f"remediate-{name}")
                 self._passes[name] = task
                 task.add_done_callback(lambda t, name=name: self._pass_done(name, t))
@@ -301,7 +305,12 @@ class Remediator:
         return Observation(now.max_num_active_seqs, now.max_num_seqs, now.num_running, now.num_waiting, door)
 
     async def _conclude(self, name: str, decision: Decision, now: float, delivery: Delivery | None = None) -> None:
-        """Save the decision's state (and the delivery's done mark), log it, queue its page."""
+        """Queue the decision's page, save its state (and the delivery's done mark), log it."""
+        # The page first: a pass cancelled during the save (shutdown, a pod that moved) may still land the state,
+        # whose ``paged`` says the page went out, and nothing would send it after a restart.
+        if decision.page:
+            self._page_queue.append(Page(name, decision.page, decision.reason))
+        self._page_queue += [Page(name, reason, "recovered", resolve=True) for reason in decision.resolved_pages]
         outcome = decision.action if decision.action != "none" else decision.skipped
         await self._save(name, decision.state, delivery, outcome)
         if delivery is not None:
@@ -319,9 +328,6 @@ class Remediator:
         log.warning(
             "%s: %s: %s%s", name, decision.action, decision.reason, " (dry run)" if self.settings.dry_run else ""
         )
-        if decision.page:
-            self._page_queue.append(Page(name, decision.page, decision.reason))
-        self._page_queue += [Page(name, reason, "recovered", resolve=True) for reason in decision.resolved_pages]
 
     async def _save(self, name: str, state: EngineState, delivery: Delivery | None = None, outcome: str = "") -> None:
         await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
