@@ -170,6 +170,10 @@ def test_an_open_breaker_that_hears_no_firing_for_the_silence_takes_its_episode_
     # a cold start saved before the hook kept firing_seen_at goes by its last action
     saved = EngineState(mode="cold_start", strikes=3, original_limit=32, target_limit=1, last_action_at=100.0)
     assert on_tick(saved, now=100 + silence, settings=SETTINGS).state.mode == "recovering"
+    # ... but not before the hook, back from being down (a rollout), has listened for that long itself
+    back = 100 + 2 * silence
+    assert on_tick(saved, now=back + 60, settings=SETTINGS, listening_since=back).action == "none"
+    assert on_tick(saved, now=back + silence, settings=SETTINGS, listening_since=back).state.mode == "recovering"
 
 
 def test_overload_holds_the_limit_counts_no_strike_and_pages_capacity_once() -> None:

@@ -28,10 +28,12 @@ The rules (DESIGN.md, "Breaker semantics"):
   figures in the reason.
 - **Silence ends an episode.** Alertmanager repeats a firing alert every
   repeat_interval. An open breaker (tripped, cold start, or holding with a
-  page out) that has had no firing delivery for ``firing_silence_seconds``
-  takes the episode for over, as if it had resolved: its resolution was lost
-  (the hook was down when it came), or the firing was one that nobody will
-  resolve, and either would hold the limit down for good.
+  page out) that has had no firing delivery for ``firing_silence_seconds``,
+  counted from the hook's start at the earliest, takes the episode for over,
+  as if it had resolved: its resolution was lost (the hook was down when it
+  came), or the firing was one that nobody will resolve, and either would
+  hold the limit down for good. An Alertmanager silence or inhibition of the
+  breaker alert stops the repeats too, and so ends the episode the same way.
 - Recovery starts when the alert resolves. Each ``recovery_interval_seconds``
   without a new trigger adds max(1, 10% of the original limit), up to the
   limit the engine had before the first strike; reaching it closes the breaker
@@ -189,8 +191,12 @@ def on_resolved(state: EngineState, *, starts_at: float, now: float) -> Decision
     return _none(state, f"resolved while {state.mode}: recorded")
 
 
-def on_tick(state: EngineState, *, now: float, settings: Settings) -> Decision:
+def on_tick(state: EngineState, *, now: float, settings: Settings, listening_since: float = 0.0) -> Decision:
+    """``listening_since``: when the hook began to take deliveries (its start): while it was down, Alertmanager's
+    repeats went unheard, and that is no silence."""
     heard = state.firing_seen_at if state.firing_seen_at is not None else state.last_action_at  # saved before the field
+    if heard is not None:
+        heard = max(heard, listening_since)
     if heard is not None and now - heard >= settings.firing_silence_seconds:
         silence = (f"no firing delivery for {now - heard:.0f} s (breaker.firing_silence_seconds): the episode is "
                    "taken for over, its resolution lost")  # fmt: skip

@@ -105,6 +105,7 @@ class Remediator:
         self._apply_backoff: dict[str, Backoff] = {}
         self._observe_backoff: dict[str, Backoff] = {}
         self._passes: dict[str, asyncio.Task] = {}  # each engine's pass in flight (step)
+        self._started = clock()  # the breaker's silence counts from here at the earliest
         saved = store.states()
         for engine in config.engines:
             self._join(engine, saved)
@@ -250,7 +251,7 @@ class Remediator:
         for delivery in deliveries:
             if not await self._decide(delivery):
                 break  # the engine could not be observed: its later deliveries wait their turn
-        decision = on_tick(self.states[name], now=self.clock(), settings=self.settings)
+        decision = on_tick(self.states[name], now=self.clock(), settings=self.settings, listening_since=self._started)
         if decision.action != "none":
             await self._conclude(name, decision, self.clock())
         await self._apply(name)
