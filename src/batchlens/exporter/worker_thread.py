@@ -20,25 +20,32 @@ class DaemonWorker(Executor):
 
     def __init__(self, name: str):
         self._calls: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple, dict] | None] = queue.SimpleQueue()
+        self._stopped = False
+        self._lock = threading.Lock()  # a submit and a shutdown in two threads: nothing queued behind the stop
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
-        self._calls.put((future, fn, args, kwargs))
+        with self._lock:
+            if self._stopped:  # it would wait behind the stop, forever: ThreadPoolExecutor's answer
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._calls.put((future, fn, args, kwargs))
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop after what is queued (cancelled first with ``cancel_futures``); ``wait`` waits for the thread."""
-        if cancel_futures:
-            while True:
-                try:
-                    call = self._calls.get_nowait()
-                except queue.Empty:
-                    break
-                if call is not None:
-                    call[0].cancel()
-        self._calls.put(None)
+        with self._lock:
+            self._stopped = True
+            if cancel_futures:
+                while True:
+                    try:
+                        call = self._calls.get_nowait()
+                    except queue.Empty:
+                        break
+                    if call is not None:
+                        call[0].cancel()
+            self._calls.put(None)
         if wait:
             self._thread.join()
 
