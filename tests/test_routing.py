@@ -304,7 +304,7 @@ def test_request_tags_from_metadata_body_and_header() -> None:
     assert headers_of({}) == {}
 
 
-TENANT = Caller(key_alias="tenant-a", teams=frozenset({"team-1", "research"}))
+TENANT = Caller(key_alias="tenant-a", teams=frozenset({"team-1"}))
 PINS = ("interactive", "batchlens-engine:b", "&batchlens-role:interactive", "!batchlens-engine:a", "spend:x")
 
 
@@ -314,7 +314,7 @@ PINS = ("interactive", "batchlens-engine:b", "&batchlens-role:interactive", "!ba
         (TENANT, RULES, False),  # a key with no say: the default for every key but the master key
         (Caller(admin=True), RULES, True),
         (TENANT, Routing(trusted_keys=["tenant-a"]), True),
-        (TENANT, Routing(trusted_teams=["research"]), True),
+        (TENANT, Routing(trusted_teams=["team-1"]), True),
         (TENANT, Routing(trusted_keys=["tenant-b"], trusted_teams=["team-2"]), False),
         (Caller(), Routing(trust_clients=True), True),
     ],
@@ -359,9 +359,11 @@ def test_the_caller_and_the_claims_are_read_from_the_proxy_request_and_dropped_f
     # A team key's alias and tags are the team admin's to edit (LiteLLM's /key/update): no trust; its team's are.
     team_key = Auth(key_alias="ops-console", team_id="t1", team_alias="research", metadata={"tags": ["interactive"]},
                     team_metadata={"tags": ["batchlens-role:long"]})  # fmt: skip
-    assert caller_of(team_key) == Caller(False, "ops-console", frozenset({"t1", "research"}),
+    assert caller_of(team_key) == Caller(False, "ops-console", frozenset({"t1"}),
                                          frozenset({"batchlens-role:long"}), team_key=True)  # fmt: skip
-    assert not is_trusted(caller_of(team_key), Routing(trusted_keys=["ops-console"]))
+    assert not is_trusted(caller_of(team_key), Routing(trusted_keys=["ops-console"], trusted_teams=["research"]))
+    # A team key detached by its team's admin is personal; with trust_key_tags off its tags are claims again.
+    assert caller_of(auth, key_tags=False).tags == frozenset()
     assert caller_of(Auth(user_role="proxy_admin")).admin and not caller_of(object()).admin
     data = {"metadata": {"tags": ["interactive", "spend:x"]}, "tags": ["batchlens-engine:b"],
             "extra_body": {"priority": -10, "top_k": 5}}  # fmt: skip

@@ -281,3 +281,41 @@ def test_no_request_leaves_the_proxy_with_a_clients_door_priority(tmp_path, lite
     sent = json.loads(ran.stdout.strip().splitlines()[-1])
     assert sent["aresponses"] == sent["acompletion"] == {"x-other": "kept", "x-batchlens-priority": "0"}, sent
     assert sent["pass_through_endpoint"] == {"query": "q"}
+
+
+KEY_TAGS = """
+import asyncio, json, sys
+from litellm.proxy._types import UserAPIKeyAuth
+from batchlens.routing.litellm_proxy import BatchlensRouting
+from batchlens.routing.router import Router
+from batchlens.config import load_config
+from prometheus_client import CollectorRegistry
+
+kiosk = UserAPIKeyAuth(api_key="sk-kiosk", key_alias="kiosk", metadata={"tags": ["interactive"]})
+out = {}
+for path in sys.argv[1:]:
+    hook = BatchlensRouting(Router(load_config(path), registry=CollectorRegistry()))
+    data = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"tags": ["interactive"]}}
+    out[path] = asyncio.run(hook.async_pre_call_hook(kiosk, None, data, "acompletion"))["metadata"]["tags"]
+print(json.dumps(out))
+"""
+
+
+def test_with_trust_key_tags_off_a_personal_keys_own_tags_are_a_claim(tmp_path, litellm_env) -> None:
+    """Where tenants are team admins in LiteLLM they can detach a team key and tag it: routing.trust_key_tags false
+    makes such tags a claim like any other. LiteLLM's own auth record, the plugin in LiteLLM's environment."""
+    from harness.litellm import OFFLINE, litellm_venv
+
+    paths = []
+    for trust in (True, False):
+        path = tmp_path / f"trust-{trust}.yaml"
+        path.write_text(yaml.safe_dump({"engines": [{"name": "e", "url": "http://127.0.0.1:9"}],
+                                        "routing": {"model": "m", "trust_key_tags": trust}}))  # fmt: skip
+        paths.append(str(path))
+    ran = subprocess.run([str(litellm_venv() / "bin" / "python"), "-c", KEY_TAGS, *paths], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **litellm_env, **OFFLINE})  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    tags = json.loads(ran.stdout.strip().splitlines()[-1])
+    trusted, claimed = tags[paths[0]], tags[paths[1]]
+    assert "interactive" in trusted and "batchlens-wanted:interactive" in trusted, tags
+    assert "interactive" not in claimed and "batchlens-wanted:main" in claimed, tags

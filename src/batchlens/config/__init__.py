@@ -418,7 +418,13 @@ class Routing(_Section):
         "engine or role by tag, or set vLLM's priority; the master key always may (docs/routing.md)",
     )
     trusted_teams: list[str] = Field(
-        default_factory=list, description="LiteLLM teams (id or alias) whose keys may, as trusted_keys"
+        default_factory=list,
+        description="LiteLLM team ids (not aliases: an org admin may rename a team) whose keys may, as trusted_keys",
+    )
+    trust_key_tags: bool = Field(
+        True,
+        description="a personal key's own metadata tags count as the proxy admin's rules; false where tenants are "
+        "team or org admins in LiteLLM, who can detach a team key from its team and tag it (docs/routing.md)",
     )
     trust_clients: bool = Field(
         False, description="every key may, as trusted_keys: the proxy serves one tenant (the demo stacks)"

@@ -48,22 +48,23 @@ def request_tags(data: dict[str, Any], headers: dict[str, str]) -> tuple[str, ..
     return tuple(dict.fromkeys(found))
 
 
-def caller_of(auth: Any) -> Caller:
+def caller_of(auth: Any, *, key_tags: bool = True) -> Caller:
     """Who sent the request, from LiteLLM's ``UserAPIKeyAuth``; read by attribute, so a field a release lacks
-    counts as absent (the master key's record has ``user_role`` proxy_admin)."""
+    counts as absent (the master key's record has ``user_role`` proxy_admin). ``key_tags``: whether a personal
+    key's own metadata tags count (``routing.trust_key_tags``)."""
     role = str(getattr(auth, "user_role", None) or "")
     team = getattr(auth, "team_id", None)
-    teams = (team, getattr(auth, "team_alias", None))
     tags: list[str] = []
     # A team key's own metadata is its team admin's to edit (trust.py): only the team's counts then.
-    for metadata in (None if team else getattr(auth, "metadata", None), getattr(auth, "team_metadata", None)):
+    own = getattr(auth, "metadata", None) if key_tags and not team else None
+    for metadata in (own, getattr(auth, "team_metadata", None)):
         if isinstance(metadata, dict) and isinstance(metadata.get("tags"), list):
             tags.extend(str(t) for t in metadata["tags"])
     alias = getattr(auth, "key_alias", None)
     return Caller(
         admin=role.rsplit(".", 1)[-1].lower() == "proxy_admin",
         key_alias=str(alias) if alias else None,
-        teams=frozenset(str(t) for t in teams if t),
+        teams=frozenset({str(team)} if team else ()),  # its id: an org admin may rename a team
         tags=frozenset(tags),
         team_key=bool(team),
     )

@@ -5,7 +5,7 @@ proxy that would let every tenant jump every other tenant's queue, so such claim
 trusted caller:
 
 - the proxy's admin (its master key);
-- a key alias in ``routing.trusted_keys``, or a team (id or alias) in ``routing.trusted_teams``;
+- a key alias in ``routing.trusted_keys``, or a team id in ``routing.trusted_teams``;
 - everyone, where ``routing.trust_clients`` says the proxy serves one tenant.
 
 Tags that the proxy's admin set on a key or on its team (LiteLLM's key and team metadata) are config
@@ -14,9 +14,11 @@ counted. Giving a claim up is always allowed: a header that names a class other 
 
 A team key is the exception: its alias and its own metadata are its team's to edit, since LiteLLM's
 ``/key/update`` lets a team's admins, and the members they grant it, change them. On a team key they are the
-tenant's claims, so neither ``routing.trusted_keys`` nor the key's tags count; its team (whose id, alias and
-metadata only the proxy's admin edits) does. A personal key only the proxy's admin edits, since only it
-creates keys (proxy_config.py).
+tenant's claims, so neither ``routing.trusted_keys`` nor the key's tags count; its team's id and tags do (a
+team's metadata only the proxy's or the organization's admin edits, and its alias an organization's admin
+too, so a team is trusted by id). A personal key only the proxy's admin edits, since only it creates keys
+(proxy_config.py); but a team's admin can detach a team key from its team, making it personal, so where
+tenants are team or organization admins, ``routing.trust_key_tags: false`` and no ``trusted_keys``.
 """
 
 from __future__ import annotations
