@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections import Counter
 
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 
 from batchlens.admin_api import BatchState
 from batchlens.config import Config, Engine
+from batchlens.remediation.alertmanager import AlertmanagerError
 from batchlens.remediation.breaker import EngineState
 from batchlens.remediation.server import RemediationServer
 from batchlens.remediation.service import Remediator
@@ -257,6 +259,20 @@ class GatedAdmin:
         return await self.get()
 
 
+class Alertmanager:
+    """Alertmanager's client, in process: it records what is posted, after refusing the first ``refuse`` posts."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.posted: list = []
+        self.calls, self.refuse = 0, refuse
+
+    async def post_alerts(self, alerts) -> None:
+        self.calls += 1
+        if self.calls <= self.refuse:
+            raise AlertmanagerError("POST /api/v2/alerts: 503")
+        self.posted += alerts
+
+
 def test_a_pass_that_ends_while_a_step_reads_the_inbox_is_not_given_its_delivery_again(tmp_path) -> None:
     """The step read the inbox, then dropped a departed pod's leftovers (a store write each); the engine's pass
     ended meanwhile, and the step started a new one with the delivery it had just decided: two GETs, and with
@@ -288,32 +304,26 @@ def test_a_pass_that_ends_while_a_step_reads_the_inbox_is_not_given_its_delivery
     assert (gets, decided["halve"]) == (2, 1), (gets, decided)  # the delivery's GET and the PUT's answer
 
 
-def test_a_page_decided_just_before_shutdown_is_posted(tmp_path) -> None:
-    """A pass queued its cold-start page after the step had posted pages; the stop then ended the worker, the
-    saved state said the page was sent, and on-call never heard. Alertmanager's client is the fake boundary."""
+def test_a_page_decided_just_before_shutdown_is_posted_whatever_the_backoff(tmp_path) -> None:
+    """A pass queued its cold-start page after the step had posted pages, and Alertmanager had refused a post (a
+    restart): the stop ended the worker, the saved state said the page was sent, and on-call never heard.
+    Alertmanager's client is the fake boundary: it refuses the first two posts."""
     config = Config.model_validate({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}]})
     store = Store(tmp_path / "state.db")
     now = time.time()
     store.save("a", EngineState(mode="tripped", strikes=2, original_limit=64, target_limit=32, applied_limit=32,
                                 capacity=64, last_action_at=now - 600, firing_seen_at=now - 100), now)  # fmt: skip
 
-    class Alertmanager:
-        def __init__(self) -> None:
-            self.posted: list = []
-
-        async def post_alerts(self, alerts) -> None:
-            self.posted += alerts
-
     async def run() -> list:
         async with aiohttp.ClientSession() as session:
-            hook = Remediator(config, store, session, {}, alertmanager=(am := Alertmanager()))
+            hook = Remediator(config, store, session, {}, alertmanager=(am := Alertmanager(refuse=2)))
             hook.admins["a"] = GatedAdmin(limit=32)
             stop = asyncio.Event()
             worker = asyncio.create_task(hook.run(stop))
             await asyncio.sleep(0.1)
             await hook.accept(WebhookPayload.model_validate(notification(alert("a", starts_at=now - 30))))
-            while "a" not in {p.instance for p in hook._page_queue} and not am.posted:
-                await asyncio.sleep(0.001)  # the pass has decided the cold start: stop now
+            while am.calls < 2:
+                await asyncio.sleep(0.001)  # the page's posts refused twice: stop inside the 2 s backoff
             stop.set()
             await worker
             return am.posted
@@ -321,3 +331,76 @@ def test_a_page_decided_just_before_shutdown_is_posted(tmp_path) -> None:
     posted = asyncio.run(run())
     assert store.states()["a"].paged == ("cold_start",)
     assert [a.labels["reason"] for a in posted] == ["cold_start"]
+
+
+def test_a_decision_whose_save_fails_pages_nobody(tmp_path) -> None:
+    """The page was queued before the save; a full disk then made every pass decide the delivery again, and each
+    decision paged on-call "cold start at 1" while nothing changed. Alertmanager's client is the fake boundary."""
+    config = Config.model_validate({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    store = Store(tmp_path / "state.db")
+    now = time.time()
+    store.save("a", EngineState(mode="tripped", strikes=2, original_limit=64, target_limit=32, applied_limit=32,
+                                capacity=64, last_action_at=now - 600, firing_seen_at=now - 100), now)  # fmt: skip
+
+    def full(*_args, **_kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    async def run() -> list:
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(config, store, session, {}, alertmanager=(am := Alertmanager()))
+            hook.admins["a"] = GatedAdmin(limit=32)
+            await hook.accept(WebhookPayload.model_validate(notification(alert("a", starts_at=now - 30))))
+            store.save = full
+            for _ in range(3):
+                await hook.step()
+                await hook.settle()
+            await hook.step()
+            return am.posted
+
+    assert asyncio.run(run()) == []
+
+
+def test_a_pod_recreated_under_its_name_keeps_its_waiting_delivery(tmp_path) -> None:
+    """Discovery took the moved pod out, read the store, then let it join again at its new IP; a step between saw
+    an unknown engine and dropped its firing as unknown_instance, never to be decided."""
+    store = Store(tmp_path / "state.db")
+    old, new = (Engine(name="ns/a", url=f"http://10.0.0.{i}:8000", labels={"namespace": "ns"}) for i in (1, 2))
+    fired = alert("ns/a", starts_at=time.time() - 30)
+    fired["labels"]["namespace"] = "ns"
+
+    async def run() -> list:
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(Config.model_validate({}), store, session, {})
+            await hook.engines_found([old])
+            await hook.accept(WebhookPayload.model_validate(notification(fired)))
+            step = asyncio.create_task(hook.step())
+            await asyncio.sleep(0)  # the step has sent its inbox read
+            await hook.engines_found([new])
+            await step
+            await hook.settle(cancel=True)
+            return store.pending()
+
+    assert [d.vllm_instance for d in asyncio.run(run())] == ["ns/a"]
+
+
+def test_the_breakers_silence_counts_from_when_its_engine_joined(tmp_path) -> None:
+    """A pod gone for longer than firing_silence_seconds came back under its name, and its first pass took the
+    episode for over: its firings were not heard while it was gone. Its admin client is the fake boundary."""
+    t0 = 1_790_000_000.0
+    tripped = EngineState(mode="tripped", strikes=1, original_limit=64, target_limit=32, applied_limit=32,
+                          capacity=64, last_action_at=t0 - 2000, firing_seen_at=t0 - 2000)  # fmt: skip
+    store = Store(tmp_path / "state.db")
+    store.save("ns/b", tripped, t0)
+    clock = [t0]
+
+    async def run() -> str:
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(Config.model_validate({}), store, session, {}, clock=lambda: clock[0])
+            clock[0] = t0 + 1800  # the hook has run 30 minutes when the pod comes back
+            await hook.engines_found([Engine(name="ns/b", url="http://10.0.0.9:8000", labels={"namespace": "ns"})])
+            hook.admins["ns/b"] = GatedAdmin(limit=32)
+            await hook.step()
+            await hook.settle()
+            return hook.states["ns/b"].mode
+
+    assert asyncio.run(run()) == "tripped"

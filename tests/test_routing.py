@@ -362,8 +362,9 @@ def test_the_caller_and_the_claims_are_read_from_the_proxy_request_and_dropped_f
     assert caller_of(team_key) == Caller(False, "ops-console", frozenset({"t1"}),
                                          frozenset({"batchlens-role:long"}), team_key=True)  # fmt: skip
     assert not is_trusted(caller_of(team_key), Routing(trusted_keys=["ops-console"], trusted_teams=["research"]))
-    # A team key detached by its team's admin is personal; with trust_key_tags off its tags are claims again.
-    assert caller_of(auth, key_tags=False).tags == frozenset()
+    # A team key detached by its team's admin is personal, and an org admin edits its teams' metadata: with
+    # trust_metadata_tags off, neither a key's tags nor a team's count.
+    assert caller_of(auth, metadata_tags=False).tags == caller_of(team_key, metadata_tags=False).tags == frozenset()
     assert caller_of(Auth(user_role="proxy_admin")).admin and not caller_of(object()).admin
     data = {"metadata": {"tags": ["interactive", "spend:x"]}, "tags": ["batchlens-engine:b"],
             "extra_body": {"priority": -10, "top_k": 5}}  # fmt: skip

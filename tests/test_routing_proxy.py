@@ -301,16 +301,16 @@ print(json.dumps(out))
 """
 
 
-def test_with_trust_key_tags_off_a_personal_keys_own_tags_are_a_claim(tmp_path, litellm_env) -> None:
-    """Where tenants are team admins in LiteLLM they can detach a team key and tag it: routing.trust_key_tags false
-    makes such tags a claim like any other. LiteLLM's own auth record, the plugin in LiteLLM's environment."""
+def test_with_trust_metadata_tags_off_a_personal_keys_own_tags_are_a_claim(tmp_path, litellm_env) -> None:
+    """Where tenants are team admins in LiteLLM they can detach a team key and tag it: routing.trust_metadata_tags
+    false makes such tags a claim like any other. LiteLLM's own auth record, the plugin in LiteLLM's environment."""
     from harness.litellm import OFFLINE, litellm_venv
 
     paths = []
     for trust in (True, False):
         path = tmp_path / f"trust-{trust}.yaml"
         path.write_text(yaml.safe_dump({"engines": [{"name": "e", "url": "http://127.0.0.1:9"}],
-                                        "routing": {"model": "m", "trust_key_tags": trust}}))  # fmt: skip
+                                        "routing": {"model": "m", "trust_metadata_tags": trust}}))  # fmt: skip
         paths.append(str(path))
     ran = subprocess.run([str(litellm_venv() / "bin" / "python"), "-c", KEY_TAGS, *paths], capture_output=True,
                          text=True, timeout=120, env={**os.environ, **litellm_env, **OFFLINE})  # fmt: skip

@@ -24,8 +24,16 @@ def test_it_runs_calls_in_order_hands_back_errors_and_refuses_work_once_shut_dow
     stuck = threading.Event()
     worker.submit(stuck.wait)
     behind = worker.submit(lambda: "never")
+    refused = []
+
+    def resubmit(_future) -> None:  # a callback that submits again must be refused, not deadlock the shutdown
+        with pytest.raises(RuntimeError):
+            worker.submit(lambda: None)
+        refused.append(True)
+
+    behind.add_done_callback(resubmit)
     worker.shutdown(wait=False, cancel_futures=True)
-    assert behind.cancelled()
+    assert behind.cancelled() and refused == [True]
     with pytest.raises(RuntimeError, match="after shutdown"):  # queued behind the stop, it would never run
         worker.submit(lambda: None)
     stuck.set()

@@ -421,10 +421,10 @@ class Routing(_Section):
         default_factory=list,
         description="LiteLLM team ids (not aliases: an org admin may rename a team) whose keys may, as trusted_keys",
     )
-    trust_key_tags: bool = Field(
+    trust_metadata_tags: bool = Field(
         True,
-        description="a personal key's own metadata tags count as the proxy admin's rules; false where tenants are "
-        "team or org admins in LiteLLM, who can detach a team key from its team and tag it (docs/routing.md)",
+        description="tags in a personal key's or a team's LiteLLM metadata count as the proxy admin's rules; false "
+        "where tenants are team or org admins in LiteLLM, who can tag a team, or detach a team key and tag it",
     )
     trust_clients: bool = Field(
         False, description="every key may, as trusted_keys: the proxy serves one tenant (the demo stacks)"

@@ -35,17 +35,18 @@ class DaemonWorker(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop after what is queued (cancelled first with ``cancel_futures``); ``wait`` waits for the thread."""
+        dropped = []
         with self._lock:
             self._stopped = True
-            if cancel_futures:
-                while True:
-                    try:
-                        call = self._calls.get_nowait()
-                    except queue.Empty:
-                        break
-                    if call is not None:
-                        call[0].cancel()
+            while cancel_futures:
+                try:
+                    dropped.append(self._calls.get_nowait())
+                except queue.Empty:
+                    break
             self._calls.put(None)
+        for call in dropped:  # outside the lock: a future's callback may submit (and be refused)
+            if call is not None:
+                call[0].cancel()
         if wait:
             self._thread.join()
 

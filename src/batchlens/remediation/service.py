@@ -105,7 +105,8 @@ class Remediator:
         self._apply_backoff: dict[str, Backoff] = {}
         self._observe_backoff: dict[str, Backoff] = {}
         self._passes: dict[str, asyncio.Task] = {}  # each engine's pass in flight (step)
-        self._started = clock()  # the breaker's silence counts from here at the earliest
+        self._joined: dict[str, float] = {}  # when each engine joined: its breaker's silence counts from there
+        self._rejoining: set[str] = set()  # pods recreated under their names, between leaving and joining again
         saved = store.states()
         for engine in config.engines:
             self._join(engine, saved)
@@ -152,6 +153,7 @@ class Remediator:
         # A pod recreated under its name (a StatefulSet's) has a new IP, and its old IP may be another pod's
         # by now: it rejoins at its new address, with its token, before anything is sent to it.
         moved = {name for name, e in wanted.items() if name in self.engines and self.engines[name] != e}
+        self._rejoining |= moved  # gone for the await below only: a step then must not drop their deliveries
         for name in (self.engines.keys() - self._configured - wanted.keys()) | moved:
             if (task := self._passes.pop(name, None)) is not None:
                 task.cancel()  # nothing more is sent to the address it had
@@ -159,15 +161,19 @@ class Remediator:
                 table.pop(name, None)
             if name not in moved:
                 log.info("%s: the pod is gone; its breaker state stays saved", name)
-        saved = await self.store.run(self.store.states)
-        for name in wanted.keys() - self.engines.keys():
-            self._join(wanted[name], saved)
-            log.info("%s: found at %s (breaker %s)", name, wanted[name].url, self.states[name].mode)
+        try:
+            saved = await self.store.run(self.store.states)
+            for name in wanted.keys() - self.engines.keys():
+                self._join(wanted[name], saved)
+                log.info("%s: found at %s (breaker %s)", name, wanted[name].url, self.states[name].mode)
+        finally:
+            self._rejoining -= moved
 
     def _join(self, engine: Engine, saved: Mapping[str, EngineState]) -> None:
         """Steer ``engine`` from now on, from its saved state if it has one."""
         name = engine.name
         self.engines[name] = engine
+        self._joined[name] = self.clock()
         self.admins[name] = AdminClient(self._session, engine.admin_url, engine.admin_token(self._environ))
         state = saved.get(name, EngineState())
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
@@ -188,7 +194,7 @@ class Remediator:
             with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
                 await asyncio.wait_for(self.wake.wait(), timeout=self._quiet)
         await self.settle(cancel=True)  # a hanging engine's pass: what it decided is saved, a PUT is retried
-        await self._send_pages()  # what the last passes decided
+        await self._send_pages(last=True)  # what the last passes decided
         if self.controller is not None:
             await self.controller.close()
 
@@ -223,7 +229,7 @@ class Remediator:
         pending: dict[str, list[Delivery]] = {}
         for delivery in await self.store.run(self.store.pending):
             pending.setdefault(delivery.vllm_instance, []).append(delivery)
-        for name in pending.keys() - self.engines.keys():
+        for name in pending.keys() - self.engines.keys() - self._rejoining:
             await self._drop_unknown(pending[name])
         for name in idle:
             if name in self.engines:  # not gone during the awaits
@@ -251,7 +257,8 @@ class Remediator:
         for delivery in deliveries:
             if not await self._decide(delivery):
                 break  # the engine could not be observed: its later deliveries wait their turn
-        decision = on_tick(self.states[name], now=self.clock(), settings=self.settings, listening_since=self._started)
+        decision = on_tick(self.states[name], now=self.clock(), settings=self.settings,
+                           listening_since=self._joined[name])  # fmt: skip
         if decision.action != "none":
             await self._conclude(name, decision, self.clock())
         await self._apply(name)
@@ -309,11 +316,15 @@ class Remediator:
         """Queue the decision's page, save its state (and the delivery's done mark), log it."""
         # The page first: a pass cancelled during the save (shutdown, a pod that moved) may still land the state,
         # whose ``paged`` says the page went out, and nothing would send it after a restart.
-        if decision.page:
-            self._page_queue.append(Page(name, decision.page, decision.reason))
-        self._page_queue += [Page(name, reason, "recovered", resolve=True) for reason in decision.resolved_pages]
+        pages = [Page(name, decision.page, decision.reason)] if decision.page else []
+        pages += [Page(name, reason, "recovered", resolve=True) for reason in decision.resolved_pages]
+        self._page_queue += pages
         outcome = decision.action if decision.action != "none" else decision.skipped
-        await self._save(name, decision.state, delivery, outcome)
+        try:
+            await self._save(name, decision.state, delivery, outcome)
+        except Exception:  # not saved, so decided again next pass: its pages go with that decision, not this one
+            self._unqueue(pages)
+            raise
         if delivery is not None:
             self.deliveries[outcome] += 1
         if decision.action == "none":
@@ -375,8 +386,9 @@ class Remediator:
                              "target": target, "result": "ok"})  # fmt: skip
         await self._save(name, replace(self.states[name], applied_limit=target))
 
-    async def _send_pages(self) -> None:
-        if not self._page_queue or self.clock() < self._page_backoff.retry_at:
+    async def _send_pages(self, *, last: bool = False) -> None:
+        """Post the queued pages, unless a failed post's backoff runs; ``last`` (at shutdown): whatever it says."""
+        if not self._page_queue or (self.clock() < self._page_backoff.retry_at and not last):
             return
         if self.alertmanager is None:
             for page in self._page_queue:
@@ -398,7 +410,12 @@ class Remediator:
         self._page_backoff = Backoff()
         for page in sending:
             self.pages[(page.reason, "resolved" if page.resolve else "sent")] += 1
-        del self._page_queue[: len(sending)]
+        self._unqueue(sending)
+
+    def _unqueue(self, pages: Sequence[Page]) -> None:
+        """Take these very pages out of the queue, in place (a post in flight holds a copy of it)."""
+        gone = {id(page) for page in pages}
+        self._page_queue[:] = [page for page in self._page_queue if id(page) not in gone]
 
     def _page_alert(self, page: Page) -> PostableAlert:
         now = utc(self.clock())

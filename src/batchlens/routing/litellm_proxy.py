@@ -99,7 +99,7 @@ class BatchlensRouting(CustomLogger):
         try:
             headers = headers_of(data)
             tags = request_tags(data, headers)
-            caller = caller_of(user_api_key_dict, key_tags=rules.trust_key_tags)
+            caller = caller_of(user_api_key_dict, metadata_tags=rules.trust_metadata_tags)
             screened = screen(caller, rules, latency_class=headers.get(rules.latency_header.lower()), tags=tags,
                               priority=client_priority(data))  # fmt: skip
             if screened.ignored:  # before routing: a request that then goes on unrouted carries no claim either

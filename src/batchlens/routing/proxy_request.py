@@ -48,16 +48,16 @@ def request_tags(data: dict[str, Any], headers: dict[str, str]) -> tuple[str, ..
     return tuple(dict.fromkeys(found))
 
 
-def caller_of(auth: Any, *, key_tags: bool = True) -> Caller:
+def caller_of(auth: Any, *, metadata_tags: bool = True) -> Caller:
     """Who sent the request, from LiteLLM's ``UserAPIKeyAuth``; read by attribute, so a field a release lacks
-    counts as absent (the master key's record has ``user_role`` proxy_admin). ``key_tags``: whether a personal
-    key's own metadata tags count (``routing.trust_key_tags``)."""
+    counts as absent (the master key's record has ``user_role`` proxy_admin). ``metadata_tags``: whether tags in a
+    personal key's or a team's metadata count (``routing.trust_metadata_tags``)."""
     role = str(getattr(auth, "user_role", None) or "")
     team = getattr(auth, "team_id", None)
     tags: list[str] = []
     # A team key's own metadata is its team admin's to edit (trust.py): only the team's counts then.
-    own = getattr(auth, "metadata", None) if key_tags and not team else None
-    for metadata in (own, getattr(auth, "team_metadata", None)):
+    own = None if team else getattr(auth, "metadata", None)
+    for metadata in (own, getattr(auth, "team_metadata", None)) if metadata_tags else ():
         if isinstance(metadata, dict) and isinstance(metadata.get("tags"), list):
             tags.extend(str(t) for t in metadata["tags"])
     alias = getattr(auth, "key_alias", None)

@@ -17,8 +17,9 @@ A team key is the exception: its alias and its own metadata are its team's to ed
 tenant's claims, so neither ``routing.trusted_keys`` nor the key's tags count; its team's id and tags do (a
 team's metadata only the proxy's or the organization's admin edits, and its alias an organization's admin
 too, so a team is trusted by id). A personal key only the proxy's admin edits, since only it creates keys
-(proxy_config.py); but a team's admin can detach a team key from its team, making it personal, so where
-tenants are team or organization admins, ``routing.trust_key_tags: false`` and no ``trusted_keys``.
+(proxy_config.py); but a team's admin can detach a team key from its team, making it personal, and an
+organization's admin can edit its teams' metadata, so where tenants are team or organization admins,
+``routing.trust_metadata_tags: false`` and no ``trusted_keys``: trust then rests on team ids and the master key.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Caller:
 
     admin: bool = False  # the proxy's master key
     key_alias: str | None = None
-    teams: frozenset[str] = frozenset()  # the key's team id and alias
+    teams: frozenset[str] = frozenset()  # the key's team id (an alias may be renamed by its organization's admin)
     tags: frozenset[str] = frozenset()  # the tags the proxy's admin set on the key or its team
     team_key: bool = False  # a team's key: its alias is the team admin's to change, and names it only
 
