@@ -29,7 +29,8 @@ The rules (DESIGN.md, "Breaker semantics"):
 - **Silence ends an episode.** Alertmanager repeats a firing alert every
   repeat_interval. An open breaker (tripped, cold start, or holding with a
   page out) that has had no firing delivery for ``firing_silence_seconds``,
-  counted from the hook's start at the earliest, takes the episode for over,
+  counted at the earliest from when the hook began to hear the engine (its
+  start, or the engine joining), takes the episode for over,
   as if it had resolved: its resolution was lost (the hook was down when it
   came), or the firing was one that nobody will resolve, and either would
   hold the limit down for good. An Alertmanager silence or inhibition of the
@@ -192,8 +193,8 @@ def on_resolved(state: EngineState, *, starts_at: float, now: float) -> Decision
 
 
 def on_tick(state: EngineState, *, now: float, settings: Settings, listening_since: float = 0.0) -> Decision:
-    """``listening_since``: when the hook began to take deliveries (its start): while it was down, Alertmanager's
-    repeats went unheard, and that is no silence."""
+    """``listening_since``: when the hook began to take the engine's deliveries (its start, or the engine joining):
+    before, Alertmanager's repeats went unheard, and that is no silence."""
     heard = state.firing_seen_at if state.firing_seen_at is not None else state.last_action_at  # saved before the field
     if heard is not None:
         heard = max(heard, listening_since)

@@ -157,7 +157,8 @@ class Remediator:
         for name in (self.engines.keys() - self._configured - wanted.keys()) | moved:
             if (task := self._passes.pop(name, None)) is not None:
                 task.cancel()  # nothing more is sent to the address it had
-            for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff):
+            for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff,
+                          self._joined):  # fmt: skip
                 table.pop(name, None)
             if name not in moved:
                 log.info("%s: the pod is gone; its breaker state stays saved", name)
