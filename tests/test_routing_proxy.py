@@ -9,6 +9,7 @@ fake boundary (harness/grafana.py runs the routing row's queries as it would).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -283,7 +284,7 @@ def test_no_request_leaves_the_proxy_with_a_clients_door_priority(tmp_path, lite
     assert sent["pass_through_endpoint"] == {"query": "q"}
 
 
-KEY_TAGS = """
+TRUST = """
 import asyncio, json, sys
 from litellm.proxy._types import UserAPIKeyAuth
 from batchlens.routing.litellm_proxy import BatchlensRouting
@@ -291,31 +292,43 @@ from batchlens.routing.router import Router
 from batchlens.config import load_config
 from prometheus_client import CollectorRegistry
 
-kiosk = UserAPIKeyAuth(api_key="sk-kiosk", key_alias="kiosk", metadata={"tags": ["interactive"]})
+callers = {  # LiteLLM's own auth records: it hashes the key into ``token``
+    "kiosk": UserAPIKeyAuth(api_key="sk-kiosk", key_alias="kiosk", metadata={"tags": ["interactive"]}),
+    "team": UserAPIKeyAuth(api_key="sk-team-b", key_alias="ops-console", team_id="team-b"),
+}
 out = {}
 for path in sys.argv[1:]:
     hook = BatchlensRouting(Router(load_config(path), registry=CollectorRegistry()))
-    data = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"tags": ["interactive"]}}
-    out[path] = asyncio.run(hook.async_pre_call_hook(kiosk, None, data, "acompletion"))["metadata"]["tags"]
+    for who, auth in callers.items():
+        data = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"tags": ["interactive"]},
+                "proxy_server_request": {"headers": {"x-batchlens-latency-class": "interactive"}}}
+        tags = asyncio.run(hook.async_pre_call_hook(auth, None, data, "acompletion"))["metadata"]["tags"]
+        out[f"{path} {who}"] = [t for t in tags if t.startswith("batchlens-wanted:")]
 print(json.dumps(out))
 """
 
 
-def test_with_trust_metadata_tags_off_a_personal_keys_own_tags_are_a_claim(tmp_path, litellm_env) -> None:
-    """Where tenants are team admins in LiteLLM they can detach a team key and tag it: routing.trust_metadata_tags
-    false makes such tags a claim like any other. LiteLLM's own auth record, the plugin in LiteLLM's environment."""
+def test_trust_from_litellms_own_auth_record_key_hashes_and_metadata_tags(tmp_path, litellm_env) -> None:
+    """A personal key's own tags count unless routing.trust_metadata_tags is false (a team's admin can detach a
+    team key and tag it); a team key renamed to a trusted alias counts for nothing, but a key listed by its hash
+    in routing.trusted_key_hashes does, team key or not. The plugin in LiteLLM's environment, with LiteLLM's own
+    UserAPIKeyAuth, which hashes the key itself."""
     from harness.litellm import OFFLINE, litellm_venv
 
-    paths = []
-    for trust in (True, False):
-        path = tmp_path / f"trust-{trust}.yaml"
+    configs = {"default": {"trusted_keys": ["ops-console"]}, "no tags": {"trust_metadata_tags": False},
+               "by hash": {"trusted_key_hashes": [hashlib.sha256(b"sk-team-b").hexdigest().upper()]}}  # fmt: skip
+    paths = {}
+    for name, routing in configs.items():
+        path = paths[name] = tmp_path / f"{name.replace(' ', '-')}.yaml"
         path.write_text(yaml.safe_dump({"engines": [{"name": "e", "url": "http://127.0.0.1:9"}],
-                                        "routing": {"model": "m", "trust_metadata_tags": trust}}))  # fmt: skip
-        paths.append(str(path))
-    ran = subprocess.run([str(litellm_venv() / "bin" / "python"), "-c", KEY_TAGS, *paths], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **litellm_env, **OFFLINE})  # fmt: skip
+                                        "routing": {"model": "m", **routing}}))  # fmt: skip
+    env = {**os.environ, **litellm_env, **OFFLINE}
+    ran = subprocess.run([str(litellm_venv() / "bin" / "python"), "-c", TRUST, *map(str, paths.values())],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
-    tags = json.loads(ran.stdout.strip().splitlines()[-1])
-    trusted, claimed = tags[paths[0]], tags[paths[1]]
-    assert "interactive" in trusted and "batchlens-wanted:interactive" in trusted, tags
-    assert "interactive" not in claimed and "batchlens-wanted:main" in claimed, tags
+    wanted = json.loads(ran.stdout.strip().splitlines()[-1])
+    got = {(name, who): wanted[f"{paths[name]} {who}"] for name in configs for who in ("kiosk", "team")}
+    interactive, main = ["batchlens-wanted:interactive"], ["batchlens-wanted:main"]
+    assert got == {("default", "kiosk"): interactive, ("default", "team"): main,
+                   ("no tags", "kiosk"): main, ("no tags", "team"): main,
+                   ("by hash", "kiosk"): interactive, ("by hash", "team"): interactive}, got  # fmt: skip

@@ -414,8 +414,13 @@ class Routing(_Section):
     )
     trusted_keys: list[str] = Field(
         default_factory=list,
-        description="LiteLLM key aliases whose requests may claim the interactive class (header or tag), pin an "
-        "engine or role by tag, or set vLLM's priority; the master key always may (docs/routing.md)",
+        description="LiteLLM personal key aliases whose requests may claim the interactive class (header or tag), "
+        "pin an engine or role by tag, or set vLLM's priority; the master key always may (docs/routing.md)",
+    )
+    trusted_key_hashes: list[str] = Field(
+        default_factory=list,
+        description="LiteLLM keys, by their SHA-256 (LiteLLM's hashed token, the `token` of /key/list), that may, as "
+        "trusted_keys: unlike an alias, no tenant can change it, and it holds for a team's key too",
     )
     trusted_teams: list[str] = Field(
         default_factory=list,

@@ -60,13 +60,14 @@ def caller_of(auth: Any, *, metadata_tags: bool = True) -> Caller:
     for metadata in (own, getattr(auth, "team_metadata", None)) if metadata_tags else ():
         if isinstance(metadata, dict) and isinstance(metadata.get("tags"), list):
             tags.extend(str(t) for t in metadata["tags"])
-    alias = getattr(auth, "key_alias", None)
+    alias, token = getattr(auth, "key_alias", None), getattr(auth, "token", None)
     return Caller(
         admin=role.rsplit(".", 1)[-1].lower() == "proxy_admin",
         key_alias=str(alias) if alias else None,
         teams=frozenset({str(team)} if team else ()),  # its id: an org admin may rename a team
         tags=frozenset(tags),
         team_key=bool(team),
+        key_hash=token if isinstance(token, str) and token else None,  # LiteLLM hashes the key into ``token``
     )
 
 

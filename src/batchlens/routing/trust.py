@@ -5,7 +5,8 @@ proxy that would let every tenant jump every other tenant's queue, so such claim
 trusted caller:
 
 - the proxy's admin (its master key);
-- a key alias in ``routing.trusted_keys``, or a team id in ``routing.trusted_teams``;
+- a key by its hash in ``routing.trusted_key_hashes``, a personal key's alias in ``routing.trusted_keys``, or a
+  team id in ``routing.trusted_teams``;
 - everyone, where ``routing.trust_clients`` says the proxy serves one tenant.
 
 Tags that the proxy's admin set on a key or on its team (LiteLLM's key and team metadata) are config
@@ -19,7 +20,8 @@ team's metadata only the proxy's or the organization's admin edits, and its alia
 too, so a team is trusted by id). A personal key only the proxy's admin edits, since only it creates keys
 (proxy_config.py); but a team's admin can detach a team key from its team, making it personal, and an
 organization's admin can edit its teams' metadata, so where tenants are team or organization admins,
-``routing.trust_metadata_tags: false`` and no ``trusted_keys``: trust then rests on team ids and the master key.
+``routing.trust_metadata_tags: false`` and no ``trusted_keys``: trust then rests on what no tenant can change,
+the master key, key hashes and team ids.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Caller:
     teams: frozenset[str] = frozenset()  # the key's team id (an alias may be renamed by its organization's admin)
     tags: frozenset[str] = frozenset()  # the tags the proxy's admin set on the key or its team
     team_key: bool = False  # a team's key: its alias is the team admin's to change, and names it only
+    key_hash: str | None = None  # LiteLLM's SHA-256 of the key: what no key edit changes
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def is_trusted(caller: Caller, rules: Routing) -> bool:
     if rules.trust_clients or caller.admin:
         return True
     trusted_key = not caller.team_key and caller.key_alias in rules.trusted_keys
-    return trusted_key or bool(caller.teams & set(rules.trusted_teams))
+    hashed = caller.key_hash is not None and caller.key_hash.lower() in {h.lower() for h in rules.trusted_key_hashes}
+    return trusted_key or hashed or bool(caller.teams & set(rules.trusted_teams))
 
 
 def screen(
