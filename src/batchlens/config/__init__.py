@@ -53,8 +53,9 @@ class ConfigError(Exception):
 
 class _Section(BaseModel):
     # No setting takes infinity or NaN: an infinite TTFT makes an infinite cap (int() overflows each tick), and an
-    # infinite stale_seconds a door that never fails open.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # infinite stale_seconds a door that never fails open. Strict: a value is taken as the type it is written
+    # in (a 1 is no switch, a true no limit of 1), except that a whole number serves where a float is asked.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
