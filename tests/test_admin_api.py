@@ -1,4 +1,4 @@
-"""The admin API contract's pure parts: token check, body validation, data-parallel merge. No I/O."""
+"""The admin API contract's pure parts: token and signature checks, body validation, data-parallel merge. No I/O."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import json
 import pytest
 
 from batchlens.admin_api import (
+    ADMISSION_PATH,
+    BATCH_PATH,
+    SIGNATURE_MAX_SKEW_SECONDS,
+    SIGNED_SCHEME,
+    AdminAuth,
     AdminError,
     AdmissionState,
-    check_token,
+    admin_headers,
     combine,
     parse_admission,
     parse_update,
@@ -33,28 +38,75 @@ def status(fn, *args) -> int:
     return raised.value.status
 
 
+def check(auth: AdminAuth, header, method: str = "GET", path: str = BATCH_PATH, body: bytes = b"", now=None) -> None:
+    auth.check(header, method, path, body, now=now)
+
+
 def test_no_token_configured_is_503_whatever_the_request_says() -> None:
-    assert status(check_token, "Bearer anything", None) == 503
-    assert status(check_token, None, "") == 503
+    assert status(check, AdminAuth(None), "Bearer anything") == 503
+    assert status(check, AdminAuth(""), None) == 503
+    assert status(check, AdminAuth(None), admin_headers("x", "GET", BATCH_PATH)["Authorization"]) == 503
 
 
 # "\udcff": the surrogate aiohttp hands on for a header byte that is not UTF-8 (it answered 500, with a traceback)
 @pytest.mark.parametrize(
-    "header", [None, "", "Bearer", "Bearer wrong", "Basic s3cret", "s3cret", "Bearer s3cret2", "Bearer \udcff"]
-)
+    "header",
+    [None, "", "Bearer", "Bearer wrong", "Basic s3cret", "s3cret", "Bearer s3cret2", "Bearer \udcff",
+     f"{SIGNED_SCHEME}", f"{SIGNED_SCHEME} t=\udcff,n=00,s=00", f"{SIGNED_SCHEME} t=1,n={'0' * 32},s={'0' * 64}",
+     f"{SIGNED_SCHEME} s3cret"],
+)  # fmt: skip
 def test_a_missing_or_wrong_token_is_401(header) -> None:
-    assert status(check_token, header, "s3cret") == 401
+    assert status(check, AdminAuth("s3cret"), header) == 401
 
 
 def test_the_right_token_passes_in_any_scheme_case() -> None:
-    check_token("Bearer s3cret", "s3cret")
-    check_token("bearer s3cret", "s3cret")
+    check(AdminAuth("s3cret"), "Bearer s3cret")
+    check(AdminAuth("s3cret"), "bearer s3cret")
+    signed = admin_headers("s3cret", "GET", BATCH_PATH)["Authorization"]
+    check(AdminAuth("s3cret"), signed.replace(SIGNED_SCHEME, SIGNED_SCHEME.lower()))
+
+
+def test_a_signed_call_carries_no_token_and_holds_only_for_what_was_signed() -> None:
+    body = b'{"max_num_active_seqs": 8}'
+    header = admin_headers("s3cret", "PUT", "/prefix" + BATCH_PATH, body, now=1000)["Authorization"]
+    assert "s3cret" not in header and header.startswith(SIGNED_SCHEME + " ")
+    check(AdminAuth("s3cret"), header, "PUT", BATCH_PATH, body, now=1000)  # a proxy's path prefix is no part
+    for method, path, sent in (("PUT", BATCH_PATH, b'{"max_num_active_seqs": 1}'), ("GET", BATCH_PATH, b""),
+                               ("PUT", ADMISSION_PATH, body)):  # fmt: skip
+        assert status(check, AdminAuth("s3cret"), header, method, path, sent, 1000) == 401
+    assert status(check, AdminAuth("other"), header, "PUT", BATCH_PATH, body, 1000) == 401
+
+
+def test_a_signature_is_taken_once_within_the_skew_and_never_outside_it() -> None:
+    auth, header = AdminAuth("s3cret"), admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"]
+    assert status(check, auth, header, "GET", BATCH_PATH, b"", 1000 - SIGNATURE_MAX_SKEW_SECONDS - 1) == 401  # ahead
+    check(auth, header, now=1000 + SIGNATURE_MAX_SKEW_SECONDS)  # the clocks may disagree this much
+    with pytest.raises(AdminError, match="replay"):
+        check(auth, header, now=1000 + SIGNATURE_MAX_SKEW_SECONDS)
+    with pytest.raises(AdminError, match="clock"):  # forgotten, and then refused by its time
+        check(auth, header, now=1000 + SIGNATURE_MAX_SKEW_SECONDS + 1)
+
+
+def test_the_memory_of_signatures_is_bounded_and_forgets_the_expired() -> None:
+    auth = AdminAuth("s3cret", max_remembered=3)
+    headers = [admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"] for _ in range(5)]
+    for header in headers:
+        check(auth, header, now=1000)
+    assert len(auth._seen) == 3
+    check(auth, admin_headers("s3cret", "GET", BATCH_PATH, now=2000)["Authorization"], now=2000)
+    assert len(auth._seen) == 1  # the ones of 1000 are past their time
 
 
 def test_errors_never_echo_the_token() -> None:
-    with pytest.raises(AdminError) as raised:
-        check_token("Bearer guess", "s3cret")
-    assert "s3cret" not in raised.value.message and "guess" not in raised.value.message
+    for header in ("Bearer guess", admin_headers("guess", "GET", BATCH_PATH)["Authorization"]):
+        with pytest.raises(AdminError) as raised:
+            check(AdminAuth("s3cret"), header)
+        assert "s3cret" not in raised.value.message and "guess" not in raised.value.message
+
+
+def test_a_bearer_header_is_sent_only_where_asked() -> None:
+    assert admin_headers(None, "GET", BATCH_PATH) == {}
+    assert admin_headers("s3cret", "GET", BATCH_PATH, signed=False) == {"Authorization": "Bearer s3cret"}
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,14 @@ def test_a_discovered_engines_admin_api_is_on_the_pods_ip_at_the_admin_port_wher
     assert engines_of(found, Kubernetes(namespaces=["serving"]))[0][0].admin_url == "http://10.1.0.8:8000"
 
 
+def test_discovered_engines_sign_their_calls_unless_the_config_asks_for_bearer() -> None:
+    found = [Pod.from_dict(pod("vllm-0", "10.1.0.8"))]
+    assert engines_of(found, Kubernetes(namespaces=["serving"]))[0][0].admin_auth == "signed"
+    assert engines_of(found, Kubernetes(namespaces=["serving"], admin_auth="bearer"))[0][0].admin_auth == "bearer"
+    with pytest.raises(ValueError, match="admin_auth"):
+        Kubernetes(namespaces=["serving"], admin_auth="basic")
+
+
 @pytest.fixture
 def api():
     """The fake API server, with two pods' servers on 127.0.0.2 and 127.0.0.3; tests say what it lists."""
@@ -206,8 +214,8 @@ def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
         assert status == 200 and body["accepted"] == 2 and body["unknown_instance"] == 2, body
         wait_until(lambda: api.batch["127.0.0.2"]["max_num_active_seqs"] == 32, what="serving/vllm-0 halved")
         wait_until(lambda: api.batch["127.0.0.5"]["max_num_active_seqs"] == 32, what="team-b/vllm-b halved")
-        assert set(api.authorizations["127.0.0.2"]) == {"Bearer pod-admin-token"}  # serving's own token
-        assert set(api.authorizations["127.0.0.5"]) == {"Bearer team-b-token"}  # team-b's, not serving's
+        assert set(api.signers["127.0.0.2"]) == {"pod-admin-token"}  # serving's own token signed every call
+        assert set(api.signers["127.0.0.5"]) == {"team-b-token"}  # team-b's, not serving's
 
         config = tmp_path / "exporter.yaml"
         config.write_text(json.dumps({"kubernetes": k8s, "exporter": {"nvml": False}}))
@@ -232,8 +240,10 @@ def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
         before = len(api.authorizations["127.0.0.2"])
         wait_until(lambda: len(api.authorizations["127.0.0.6"]) >= 8, what="more samples at the new IP")
         assert len(api.authorizations["127.0.0.2"]) == before, "a token still went to vllm-0's old IP"
-        assert set(api.authorizations["127.0.0.6"]) <= {"Bearer pod-admin-token", ""}
-        assert "a-shared-token-nobody-should-see" not in str(api.authorizations)
+        assert set(api.signers["127.0.0.6"]) == {"pod-admin-token"}
+        # No token ever went on the wire, only signatures: an address that is not the engine learns none.
+        seen = str(api.authorizations)
+        assert all(t not in seen for t in ("a-shared-token-nobody-should-see", "pod-admin-token", "team-b-token"))
         hook_log = hook.process.log_tail(400)
         assert "pod-admin-token" not in hook_log and "team-b-token" not in hook_log + exporter.process.log_tail(400)
     finally:

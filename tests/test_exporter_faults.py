@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from batchlens.admin_api import BATCH_PATH
+from harness.admin import signed_with
 from harness.exporter import BATCHLENS, ExporterProcess, one, pick
 from harness.procs import Process, http_get
 
@@ -111,10 +113,12 @@ def test_admin_api_gives_the_batch_limit_and_a_bad_token_is_counted_not_fatal(tm
     right = upstreams.add("right", text=vllm_exposition, admin=state, admin_token="tok-right")
     wrong = upstreams.add("wrong", text=vllm_exposition, admin=state, admin_token="tok-other")
     plain = upstreams.add("plain", text=vllm_exposition)  # no admin API: 404
+    old = upstreams.add("old", text=vllm_exposition, admin=state, admin_token="tok-right")  # a plugin before signing
     config = tmp_path / "c.yaml"
     config.write_text(
         f"engines:\n  - {{name: right, url: '{right}'}}\n"
         f"  - {{name: wrong, url: '{wrong}', admin_token_env: WRONG_TOKEN}}\n  - {{name: plain, url: '{plain}'}}\n"
+        f"  - {{name: old, url: '{old}', admin_auth: bearer}}\n"
     )
     env = {"BATCHLENS_ADMIN_TOKEN": "tok-right", "WRONG_TOKEN": "tok-mistyped"}
     exporter = ExporterProcess(tmp_path, [], extra_args=["--config", str(config)], env=env)
@@ -122,17 +126,20 @@ def test_admin_api_gives_the_batch_limit_and_a_bad_token_is_counted_not_fatal(tm
         samples = exporter.wait_for(
             lambda s: (
                 pick(s, "batchlens_source_errors_total", vllm_instance="wrong", reason="admin_http_401")
-                and pick(s, "batchlens_batch_limit")
+                and pick(s, "batchlens_batch_limit", vllm_instance="right")
+                and pick(s, "batchlens_batch_limit", vllm_instance="old")
             ),
             what="batch limit and the 401 counted",
         )
         assert one(samples, "batchlens_batch_limit", vllm_instance="right", engine="0") == 16
+        assert upstreams.engines["old"].admin_auth_seen[-1] == "Bearer tok-right"  # asked for by its admin_auth
         assert one(samples, "batchlens_batch_capacity", vllm_instance="right", engine="0") == 64
         assert not pick(samples, "batchlens_batch_limit", vllm_instance="wrong")
         assert not pick(samples, "batchlens_batch_limit", vllm_instance="plain")
         assert one(samples, "batchlens_source_up", vllm_instance="wrong") == 1  # the metrics still flow
         assert not pick(samples, "batchlens_source_errors_total", vllm_instance="plain")  # 404 is not an error
-        assert upstreams.engines["right"].admin_auth_seen[-1] == "Bearer tok-right"
+        seen = upstreams.engines["right"].admin_auth_seen
+        assert signed_with("tok-right", seen[-1], "GET", BATCH_PATH) and "tok-right" not in str(seen)
         log = exporter.process.log_path.read_text()
         assert "tok-right" not in log and "tok-mistyped" not in log
         assert log.count("admin API") == 1 and "WRONG_TOKEN" in log

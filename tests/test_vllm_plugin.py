@@ -79,6 +79,9 @@ def session_admin(vllm_server: VllmServer) -> Iterator[AdminClient]:
 def test_the_admin_api_keeps_its_contract(session_admin: AdminClient) -> None:
     check_contract(session_admin, CAPACITY)
     check_admission_contract(session_admin)
+    # The signature covers the body, so it is read before the token is checked: no further than the contract's.
+    status, reply = session_admin.request("PUT", BATCH_PATH, b" " * 5000, auth={})
+    assert status == 400 and "larger" in reply["error"], (status, reply)
 
 
 def completion_status(server: VllmServer, bodies: list[bytes], priority: int = 0) -> int:

@@ -7,9 +7,14 @@ every side validates the same shape and answers the same errors.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import math
+import re
+import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -139,16 +144,95 @@ class AdminError(Exception):
         return {"error": self.message}
 
 
-def check_token(authorization: str | None, token: str | None) -> None:
-    """Raise the contract's 503 (no token configured) or 401 (missing or wrong token)."""
+#: The scheme of a signed request. batchlens signs each admin call with the token instead of sending it, so an
+#: address that is not the engine (a deleted pod's IP, taken by a new pod within a discovery poll) learns
+#: nothing it can reuse: at most this one call, which an engine that saw it refuses a second time.
+SIGNED_SCHEME = "Batchlens-HMAC-SHA256"
+#: How far a signature's time may be from the server's clock: the hook's and the engine's hosts may disagree by
+#: this much (AWS's Signature Version 4 takes 5 minutes too). Within it, each signature is taken once.
+SIGNATURE_MAX_SKEW_SECONDS = 300
+_SIGNED = re.compile(r"t=(?P<t>[0-9]{1,12}),n=(?P<n>[0-9a-f]{16,64}),s=(?P<s>[0-9a-f]{64})")
+#: What a caller's 401 may also mean, beside a token that differs: for its log line.
+SIGNED_401_HINT = (
+    f"do the two hosts' clocks agree within {SIGNATURE_MAX_SKEW_SECONDS} s? A plugin from before signed calls "
+    "wants admin_auth: bearer"
+)
+_AUTH_HELP = f"sign the request ({SIGNED_SCHEME}, as batchlens does) or send 'Authorization: Bearer <token>'"
+
+
+def route_of(path: str) -> str:
+    """The part of a URL path a signature covers: from the admin prefix on, so a proxy's path prefix is no part."""
+    at = path.find(API_PREFIX)
+    return path[at:] if at >= 0 else path
+
+
+def _signature(token: str, method: str, route: str, stamp: str, nonce: str, body: bytes) -> str:
+    message = "\n".join(("batchlens-v1", method.upper(), route, stamp, nonce, hashlib.sha256(body).hexdigest()))
+    return hmac.new(token.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def admin_headers(token: str | None, method: str, path: str, body: bytes = b"", *, signed: bool = True,
+                  now: float | None = None) -> dict[str, str]:  # fmt: skip
+    """The Authorization header for one admin call; none when no token is configured.
+
+    ``signed`` (the default): an HMAC of the method, the route, the time, a fresh nonce and the body, keyed with
+    the token, which never goes on the wire. Otherwise the token itself as a bearer token, for a plugin from
+    before signatures (``admin_auth: bearer``).
+    """
     if not token:
-        raise AdminError(
-            503,
-            f"the batchlens admin API is disabled: set {TOKEN_ENV} in the server's environment "
-            "(it changes the batch limit, so it is never open without a token)",
-        )
-    if not bearer_matches(authorization, token):
-        raise AdminError(401, "missing or wrong token: send 'Authorization: Bearer <token>'")
+        return {}
+    if not signed:
+        return {"Authorization": f"Bearer {token}"}
+    stamp, nonce = str(int(time.time() if now is None else now)), secrets.token_hex(16)
+    signature = _signature(token, method, route_of(path), stamp, nonce, body)
+    return {"Authorization": f"{SIGNED_SCHEME} t={stamp},n={nonce},s={signature}"}
+
+
+class AdminAuth:
+    """The server's check of an admin call: a signature (each taken once) or a bearer token.
+
+    It remembers the nonces of the signatures it took for as long as their time is within the skew, so a call
+    that reached the wrong address and was passed on is refused; at most ``max_remembered`` of them, the oldest
+    forgotten first (only a holder of the token can make one it remembers).
+    """
+
+    def __init__(self, token: str | None, *, max_remembered: int = 65536):
+        self.token = token or None
+        self._seen: OrderedDict[str, int] = OrderedDict()  # nonce -> when it may be forgotten, in arrival order
+        self._max = max_remembered
+
+    def check(self, authorization: str | None, method: str, path: str, body: bytes = b"", *,
+              now: float | None = None) -> None:  # fmt: skip
+        """Raise the contract's 503 (no token configured) or 401 (missing, wrong, stale or replayed)."""
+        if not self.token:
+            raise AdminError(
+                503,
+                f"the batchlens admin API is disabled: set {TOKEN_ENV} in the server's environment "
+                "(it changes the batch limit, so it is never open without a token)",
+            )
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != SIGNED_SCHEME.lower():
+            if not bearer_matches(authorization, self.token):
+                raise AdminError(401, f"missing or wrong token: {_AUTH_HELP}")
+            return
+        now = time.time() if now is None else now
+        parts = _SIGNED.fullmatch(given.strip())
+        if parts is None:
+            raise AdminError(401, f"a {SIGNED_SCHEME} header is 't=<unix seconds>,n=<hex nonce>,s=<hex HMAC>'")
+        expected = _signature(self.token, method, route_of(path), parts["t"], parts["n"], body)
+        if not hmac.compare_digest(parts["s"], expected):
+            raise AdminError(401, f"wrong signature: the token differs from the server's, or the request changed "
+                                  f"on its way ({_AUTH_HELP})")  # fmt: skip
+        skew = now - int(parts["t"])
+        if abs(skew) > SIGNATURE_MAX_SKEW_SECONDS:
+            side = "behind" if skew > 0 else "ahead of"
+            raise AdminError(401, f"the signature's time is {abs(skew):.0f} s {side} this server's clock (at most "
+                                  f"{SIGNATURE_MAX_SKEW_SECONDS} s): check both hosts' clocks (NTP)")  # fmt: skip
+        while self._seen and (next(iter(self._seen.values())) < now or len(self._seen) >= self._max):
+            self._seen.popitem(last=False)
+        if parts["n"] in self._seen:
+            raise AdminError(401, "this signed request was already taken once (a replay)")
+        self._seen[parts["n"]] = int(parts["t"]) + SIGNATURE_MAX_SKEW_SECONDS  # then its time is refused anyway
 
 
 def bearer_matches(authorization: str | None, token: str) -> bool:
@@ -220,8 +304,3 @@ def combine(engines: Sequence[Mapping[str, int]]) -> BatchState:
         num_waiting=sum(e.num_waiting for e in parsed),
         engines=parsed,
     )
-
-
-def bearer(token: str | None) -> dict[str, str]:
-    """The Authorization header for a token; none when no token is configured."""
-    return {"Authorization": f"Bearer {token}"} if token else {}

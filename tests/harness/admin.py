@@ -7,13 +7,38 @@ same functions here, over real HTTP, so that the two cannot drift apart.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, BatchState, bearer
+from batchlens.admin_api import (
+    ADMISSION_PATH,
+    BATCH_PATH,
+    CACHE_RESET_PATH,
+    INFO_PATH,
+    SIGNED_SCHEME,
+    AdminAuth,
+    AdminError,
+    BatchState,
+    admin_headers,
+)
+
+
+def accepted(token: str, authorization: str, method: str, path: str, body: bytes = b"") -> bool:
+    """Whether the engine's side takes ``authorization`` for this call with ``token``: signed, or the bearer token."""
+    try:
+        AdminAuth(token).check(authorization, method, path, body)
+    except AdminError:
+        return False
+    return True
+
+
+def signed_with(token: str, authorization: str, method: str, path: str, body: bytes = b"") -> bool:
+    """Whether ``authorization`` is a valid signature of this call by ``token``, the token itself not sent."""
+    return authorization.startswith(SIGNED_SCHEME) and accepted(token, authorization, method, path, body)
 
 
 @dataclass
@@ -22,9 +47,13 @@ class AdminClient:
     token: str | None
 
     def request(
-        self, method: str, path: str = BATCH_PATH, body: bytes | None = None, token: str | None = "default"
-    ) -> tuple[int, dict]:
-        headers = {"Content-Type": "application/json", **bearer(self.token if token == "default" else token)}
+        self, method: str, path: str = BATCH_PATH, body: bytes | None = None, token: str | None = "default",
+        auth: dict[str, str] | None = None,
+    ) -> tuple[int, dict]:  # fmt: skip
+        """One call, signed with ``token`` (the client's own by default) as batchlens signs, or with ``auth``."""
+        if auth is None:
+            auth = admin_headers(self.token if token == "default" else token, method, path, body or b"")
+        headers = {"Content-Type": "application/json", **auth}
         req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
@@ -59,6 +88,8 @@ def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
         assert admin.request("GET", INFO_PATH, token=token)[0] == 401
         assert admin.request("POST", CACHE_RESET_PATH, token=token)[0] == 401  # never vLLM's open dev-mode route
 
+    check_signatures(admin)
+
     bad = [0, -1, "abc", max_num_seqs + 1, 2.0, True, None, [2]]
     bodies = [json.dumps({"max_num_active_seqs": v}).encode() for v in bad]
     bodies += [b"{}", b"not json", b"", b'{"max_num_active_seqs": 2, "extra": 1}', b"\xff\xfe", b"[2]"]
@@ -75,6 +106,32 @@ def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
     assert admin.set_limit(before.max_num_active_seqs).max_num_active_seqs == before.max_num_active_seqs
     status, reset = admin.request("POST", CACHE_RESET_PATH)
     assert status == 200 and reset == {"reset": True}, (status, reset)  # idle: nothing holds a cached block
+
+
+def check_signatures(admin: AdminClient) -> None:
+    """A signed call is taken once, for the method, route and body it was signed for, near the server's time; a
+    bearer token still serves (a person with curl, a hook from before signed calls). The limit ends as it began."""
+    limit = admin.state().max_num_active_seqs
+    put = json.dumps({"max_num_active_seqs": 2}).encode()
+    signed = admin_headers(admin.token, "PUT", BATCH_PATH, put)
+    stale = admin_headers(admin.token, "PUT", BATCH_PATH, put, now=time.time() - 600)
+    refused = {
+        "another body": ("PUT", BATCH_PATH, b'{"max_num_active_seqs": 3}', signed),
+        "a GET's signature": ("PUT", BATCH_PATH, put, admin_headers(admin.token, "GET", BATCH_PATH)),
+        "another route's": ("GET", INFO_PATH, None, admin_headers(admin.token, "GET", BATCH_PATH)),
+        "another token's": ("PUT", BATCH_PATH, put, admin_headers("wrong-token", "PUT", BATCH_PATH, put)),
+        "ten minutes old": ("PUT", BATCH_PATH, put, stale),
+        "not the scheme's shape": ("GET", BATCH_PATH, None, {"Authorization": f"{SIGNED_SCHEME} t=1,n=zz,s=00"}),
+    }
+    for why, (method, path, body, auth) in refused.items():
+        status, reply = admin.request(method, path, body, auth=auth)
+        assert status == 401 and reply.get("error"), (why, status, reply)
+    assert admin.state().max_num_active_seqs == limit, "a refused signature changed the limit"
+    assert admin.request("PUT", BATCH_PATH, put, auth=signed)[0] == 200
+    status, reply = admin.request("PUT", BATCH_PATH, put, auth=signed)
+    assert status == 401 and "replay" in reply["error"], (status, reply)
+    assert admin.request("GET", auth={"Authorization": f"Bearer {admin.token}"})[0] == 200
+    assert admin.set_limit(limit).max_num_active_seqs == limit
 
 
 def set_caps(admin: AdminClient, **caps: int | None) -> dict:

@@ -8,7 +8,8 @@ JSON shapes the real one sends (a PodList, a Secret, or a Status for an error), 
 pod with an IP is also a real HTTP server on that loopback IP (127.0.0.2, 127.0.0.3, ...)
 serving a real vLLM 0.32 exposition and the plugin's admin API, which takes the token of
 the Secret in the namespace ``serve_pod`` gives it; every Authorization header a pod's
-server receives is kept in ``authorizations``, so a test sees where a token went.
+server receives is kept in ``authorizations``, and the token that signed each admin call in ``signers``, so a
+test sees where a token went.
 Tests change ``pods``, ``tokens`` and ``forbidden`` while it runs.
 """
 
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import threading
 from pathlib import Path
 
 from aiohttp import web
 
+from harness.admin import accepted
 from harness.procs import free_port
 
 CAPTURE = Path(__file__).resolve().parent.parent / "data" / "releases" / "vllm-0.32.0-cpu.prom"
@@ -116,6 +119,7 @@ class FakeKubernetes:
         self.batch: dict[str, dict] = {}  # pod IP -> its admin API's batch state
         self.namespace_of: dict[str, str] = {}  # pod IP -> the namespace whose token its server takes
         self.authorizations: dict[str, list[str]] = {}  # pod IP -> every Authorization header it received
+        self.signers: dict[str, list[str | None]] = {}  # pod IP -> per admin call, the token that signed it, or None
         self._sites: dict[str, web.TCPSite] = {}
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -147,6 +151,7 @@ class FakeKubernetes:
         """Make ``ip`` (a loopback address) answer as a vLLM pod of ``namespace`` on the pod port."""
         self.namespace_of[ip] = namespace
         self.authorizations[ip] = []
+        self.signers[ip] = []
 
         async def start() -> None:
             site = web.TCPSite(self._engine, ip, self.pod_port)
@@ -213,13 +218,16 @@ class FakeKubernetes:
         return request.transport.get_extra_info("sockname")[0]
 
     async def _admin(self, request: web.Request) -> web.Response:
-        ip = self._ip(request)
-        self.authorizations[ip].append(request.headers.get("Authorization", ""))
-        if request.headers.get("Authorization") != f"Bearer {self.tokens.get(self.namespace_of[ip])}":
+        ip, auth, body = self._ip(request), request.headers.get("Authorization", ""), await request.read()
+        self.authorizations[ip].append(auth)
+        token = self.tokens.get(self.namespace_of[ip])
+        signed = bool(token) and accepted(token, auth, request.method, request.path, body)
+        self.signers[ip].append(token if signed else None)
+        if not signed:
             return web.json_response({"error": "unauthorized"}, status=401)
         state = self.batch[ip]
         if request.method == "PUT":
-            state["max_num_active_seqs"] = (await request.json())["max_num_active_seqs"]
+            state["max_num_active_seqs"] = json.loads(body)["max_num_active_seqs"]
         return web.json_response(state)
 
     async def _metrics(self, request: web.Request) -> web.Response:

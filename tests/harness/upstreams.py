@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from batchlens.admin_api import CACHE_RESET_PATH
+from harness.admin import accepted
 from harness.procs import free_port
 
 
@@ -116,7 +118,7 @@ class Upstreams:
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         """The plugin's route: counted only with the engine's admin token, as the plugin answers."""
         up = self.engines[request.match_info["name"]]
-        if request.headers.get("Authorization", "") != f"Bearer {up.admin_token}":
+        if not accepted(up.admin_token, request.headers.get("Authorization", ""), request.method, request.path):
             return web.json_response({"error": "unauthorized"}, status=401)
         up.prefix_cache_resets += 1
         return web.json_response({"reset": True})
@@ -130,8 +132,9 @@ class Upstreams:
         up.admin_calls_at.append(time.monotonic())
         if up.behavior == "hang":
             await asyncio.sleep(3600)
-        if auth != f"Bearer {up.admin_token}":
+        body = await request.read()
+        if not accepted(up.admin_token, auth, request.method, request.path, body):
             return web.json_response({"error": "unauthorized"}, status=401)
         if request.method == "PUT":
-            up.admin = {**up.admin, "max_num_active_seqs": (await request.json())["max_num_active_seqs"]}
+            up.admin = {**up.admin, "max_num_active_seqs": json.loads(body)["max_num_active_seqs"]}
         return web.json_response(up.admin)

@@ -108,6 +108,13 @@ def _roles(value: Any) -> Any:
     return tuple(dict.fromkeys(value)) if isinstance(value, list | tuple) else value
 
 
+AdminAuthMode = Literal["signed", "bearer"]
+ADMIN_AUTH_HELP = (
+    "how admin calls prove the token: signed (an HMAC per call; the token never goes on the wire) or bearer (the "
+    "token itself, for a plugin from before signed calls: upgrade the engines first, then go back to signed)"
+)
+
+
 class Engine(_Section):
     """One vLLM server (an API server, which may front several engine cores)."""
 
@@ -118,6 +125,7 @@ class Engine(_Section):
         description="the admin API's own port on the url's host (vLLM with BATCHLENS_ADMIN_PORT); default: the url's",
     )  # fmt: skip
     admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
+    admin_auth: AdminAuthMode = Field("signed", description=ADMIN_AUTH_HELP)
     gpus: list[int | str] = Field(default_factory=list, description="static GPU mapping (indexes or UUIDs)")
     simulated_gpu: bool = Field(
         False, description="a `batchlens simulate` server: read its simulated GPU from /batchlens/v1/sim/gpu"
@@ -349,6 +357,7 @@ class Kubernetes(_Section):
         description="the Secret, in each engine's namespace, that its pod's BATCHLENS_ADMIN_TOKEN comes from",
     )
     admin_token_key: str = Field("token", min_length=1, description="the key of that Secret holding the token")
+    admin_auth: AdminAuthMode = Field("signed", description=ADMIN_AUTH_HELP)
     webhook_token_key: str = Field(
         "webhook-token",
         min_length=1,

@@ -54,6 +54,7 @@ def engines_of(pods: Iterable, settings: Kubernetes) -> tuple[list[Engine], Coun
                     name=f"{meta.namespace}/{meta.name}",
                     url=f"http://{host}:{settings.port}",
                     admin_port=settings.admin_port,
+                    admin_auth=settings.admin_auth,
                     labels={"namespace": meta.namespace, "pod": meta.name},
                 )
             )

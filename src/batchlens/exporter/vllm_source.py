@@ -16,7 +16,7 @@ from concurrent.futures import Executor
 
 from pydantic import ValidationError
 
-from batchlens.admin_api import BATCH_PATH, BatchState, bearer
+from batchlens.admin_api import BATCH_PATH, SIGNED_401_HINT, BatchState, admin_headers
 from batchlens.config import Engine, mask_url
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
 from batchlens.exporter.http_get import HttpGetter
@@ -95,7 +95,7 @@ class VllmSource:
         """The batch state, None where the server has no admin API, or a soft error."""
         url = self.engine.admin_url + BATCH_PATH
         try:
-            headers = bearer(self._token)
+            headers = admin_headers(self._token, "GET", BATCH_PATH, signed=self.engine.admin_auth == "signed")
             body = await self._http.text(url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=headers)
             return BatchState.model_validate_json(body)
         except SourceError as exc:
@@ -103,7 +103,8 @@ class VllmSource:
                 return None  # a plain vLLM without the batchlens plugin
             hint = ""
             if exc.reason in ("http_401", "http_403"):
-                hint = f" (does {self.engine.admin_token_source} hold the server's BATCHLENS_ADMIN_TOKEN?)"
+                source = self.engine.admin_token_source
+                hint = f" (does {source} hold the server's BATCHLENS_ADMIN_TOKEN? {SIGNED_401_HINT})"
             elif exc.reason == "http_503":
                 hint = " (the server has no BATCHLENS_ADMIN_TOKEN configured)"
             return (f"admin_{exc.reason}", f"admin API: {exc}{hint}")

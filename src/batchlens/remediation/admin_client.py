@@ -7,6 +7,7 @@ message for the log. The token is sent, never logged.
 
 from __future__ import annotations
 
+import json
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -17,15 +18,17 @@ from batchlens.admin_api import (
     ADMISSION_PATH,
     BATCH_PATH,
     CACHE_RESET_PATH,
+    SIGNED_401_HINT,
     AdmissionState,
     BatchState,
     CacheReset,
-    bearer,
+    admin_headers,
 )
 from batchlens.config import mask_url
 
 HINTS = {
-    401: " (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's?)",
+    401: f" (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's? "
+    f"{SIGNED_401_HINT})",
     503: " (the server has no BATCHLENS_ADMIN_TOKEN configured)",
     404: (
         " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens? Before vLLM 0.32 also "
@@ -45,14 +48,15 @@ class AdminCallError(Exception):
 
 
 class AdminClient:
-    def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None, *, timeout: float = 5.0):
+    def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None, *, timeout: float = 5.0,
+                 signed: bool = True):  # fmt: skip
         self._session = session
         if token:  # the token takes the Authorization header: a user and password in the URL are the scrape's
             parts = urlsplit(url)
             url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self._base = url
         self.url = url + BATCH_PATH
-        self._headers = bearer(token)
+        self._token, self._signed = token, signed
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def get(self) -> BatchState:
@@ -73,7 +77,11 @@ class AdminClient:
     async def _call(self, method: str, url: str, body: dict | None, reply_model: type[Reply]) -> Reply:
         shown = mask_url(url)  # the error messages are logged
         try:
-            async with self._session.request(method, url, json=body, headers=self._headers, timeout=self._timeout,
+            data = b"" if body is None else json.dumps(body).encode()
+            headers = admin_headers(self._token, method, urlsplit(url).path, data, signed=self._signed)
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            async with self._session.request(method, url, data=data or None, headers=headers, timeout=self._timeout,
                                              allow_redirects=False) as reply:  # fmt: skip
                 text = await reply.content.read(64 * 1024)
                 if reply.status != 200:

@@ -26,12 +26,12 @@ from batchlens.admin_api import (
     BATCH_PATH,
     CACHE_RESET_PATH,
     INFO_PATH,
+    AdminAuth,
     AdminError,
     AdminInfo,
     AdmissionState,
     BatchState,
     CacheReset,
-    check_token,
     combine,
     parse_admission,
     parse_update,
@@ -78,7 +78,7 @@ class Simulator:
         self.metrics = VllmMetrics(engine, model_name, vllm_version=vllm_version)
         self.arrivals = ArrivalMetrics(self.metrics.registry)  # what the batchlens vLLM plugin adds
         self.gpu = SimulatedGpu(engine)
-        self._token = admin_token
+        self._auth = AdminAuth(admin_token)
         self._pending: dict[str, Pending] = {}
         self._wake = asyncio.Event()
         self._arrivals: deque[SimRequest] = deque()  # submitted, not yet reached by simulated time
@@ -307,7 +307,8 @@ class Simulator:
     def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo | CacheReset | AdmissionState]]):
         async def route(request: web.Request) -> web.Response:
             try:
-                check_token(request.headers.get("Authorization"), self._token)
+                self._auth.check(request.headers.get("Authorization"), request.method, request.path,
+                                 await request.read())  # fmt: skip
                 reply = await handler(request)
             except AdminError as exc:
                 return web.json_response(exc.body(), status=exc.status)

@@ -61,6 +61,9 @@ from batchlens.clikit import load as load_or_fail
 @click.option(
     "--admin-token-env", default=TOKEN_ENV, show_default=True, help="Env variable holding the engine's admin API token."
 )
+@click.option("--admin-auth", type=click.Choice(["signed", "bearer"]), default="signed", show_default=True,
+              help="Sign each admin call with the token (it never goes on the wire), or send it as a bearer token "
+                   "to a plugin from before signed calls.")  # fmt: skip
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
@@ -73,7 +76,7 @@ def sweep(
     config_path: str | None, engine_url: str, limits: tuple[int, ...], settle: float, measure: float,
     load_factor: float, prompt_tokens: tuple[int, ...], output_tokens: tuple[int, ...], latency: str | None,
     slo: float | None, min_gain: float, exporter_url: str | None, vllm_instance: str | None, admin_port: int | None,
-    admin_token_env: str, out: str, seed: int,
+    admin_token_env: str, admin_auth: str, out: str, seed: int,
 ) -> None:  # fmt: skip
     """Find the batch-size knee of a running engine: throughput and P99 against the batch limit.
 
@@ -115,7 +118,7 @@ def sweep(
             return await Sweep(
                 session, engine_url, os.environ.get(admin_token_env) or None, spec, exporter_url=exporter_url,
                 vllm_instance=vllm_instance, on_second=lambda: bar.update(1),
-                admin_url=Engine(url=engine_url, admin_port=admin_port).admin_url,
+                admin_url=Engine(url=engine_url, admin_port=admin_port).admin_url, signed=admin_auth == "signed",
             ).run()  # fmt: skip
 
     label = f"sweeping {len(spec.limits)} limits"

@@ -112,10 +112,11 @@ class Sweep:
         vllm_instance: str | None = None,
         on_second: Callable[[], None] = lambda: None,
         admin_url: str | None = None,
+        signed: bool = True,
     ):
         self.session = session
         self.url = engine_url.rstrip("/")
-        self.admin = AdminClient(session, admin_url or self.url, admin_token, timeout=10)
+        self.admin = AdminClient(session, admin_url or self.url, admin_token, timeout=10, signed=signed)
         self.spec = spec
         self.exporter_url = exporter_url.rstrip("/") if exporter_url else None
         self.vllm_instance = vllm_instance

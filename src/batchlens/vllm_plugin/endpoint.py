@@ -27,13 +27,14 @@ from batchlens.admin_api import (
     BATCH_PATH,
     CACHE_RESET_PATH,
     INFO_PATH,
+    MAX_BODY_BYTES,
     TOKEN_ENV,
+    AdminAuth,
     AdminError,
     AdminInfo,
     AdmissionState,
     BatchState,
     CacheReset,
-    check_token,
     combine,
     parse_admission,
     parse_update,
@@ -57,7 +58,7 @@ class AdminService:
     """The engine client, the token, and a lock that applies changes one at a time."""
 
     def __init__(self, engine_client: Any, token: str | None, support: Support):
-        self.token = token
+        self.auth = AdminAuth(token)
         self._client = engine_client
         self._support = support
         # Without it, two PUTs could reach the engines of a data-parallel server in
@@ -236,7 +237,18 @@ def log_refusal(support: Support) -> None:
         )  # fmt: skip
 
 
-Handler = Callable[[AdminService, Request], Awaitable[BaseModel]]
+Handler = Callable[[AdminService, Request, bytes], Awaitable[BaseModel]]
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, read no further than the contract allows: the signature covers it, so it is read before the
+    token is checked, and a stranger's gigabyte must not be held in memory for that."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise AdminError(400, f"body larger than {MAX_BODY_BYTES} bytes")
+    return body
 
 
 def _route(handler: Handler) -> Callable[[Request], Awaitable[JSONResponse]]:
@@ -249,8 +261,9 @@ def _route(handler: Handler) -> Callable[[Request], Awaitable[JSONResponse]]:
                 raise AdminError(503, "the batchlens admin API is not initialised yet")
             if isinstance(service, Refused):
                 raise AdminError(501, f"the batchlens plugin refused this vLLM: {service.reason}")
-            check_token(request.headers.get("authorization"), service.token)
-            reply = await handler(service, request)
+            body = await _read_body(request)
+            service.auth.check(request.headers.get("authorization"), request.method, request.url.path, body)
+            reply = await handler(service, request, body)
         except AdminError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         return JSONResponse(reply.model_dump(mode="json"))
@@ -263,27 +276,27 @@ def _client(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-async def _get_batch(service: AdminService, _request: Request) -> BaseModel:
+async def _get_batch(service: AdminService, _request: Request, _body: bytes) -> BaseModel:
     return await service.batch()
 
 
-async def _put_batch(service: AdminService, request: Request) -> BaseModel:
-    return await service.set_batch(await request.body(), _client(request))
+async def _put_batch(service: AdminService, request: Request, body: bytes) -> BaseModel:
+    return await service.set_batch(body, _client(request))
 
 
-async def _get_info(service: AdminService, _request: Request) -> BaseModel:
+async def _get_info(service: AdminService, _request: Request, _body: bytes) -> BaseModel:
     return await service.info()
 
 
-async def _get_admission(service: AdminService, _request: Request) -> BaseModel:
+async def _get_admission(service: AdminService, _request: Request, _body: bytes) -> BaseModel:
     return await service.admission()
 
 
-async def _put_admission(service: AdminService, request: Request) -> BaseModel:
-    return await service.set_admission(await request.body(), _client(request))
+async def _put_admission(service: AdminService, request: Request, body: bytes) -> BaseModel:
+    return await service.set_admission(body, _client(request))
 
 
-async def _reset_prefix_cache(service: AdminService, request: Request) -> BaseModel:
+async def _reset_prefix_cache(service: AdminService, request: Request, _body: bytes) -> BaseModel:
     return await service.reset_prefix_cache(_client(request))
 
 
