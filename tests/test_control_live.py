@@ -253,10 +253,10 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
         assert said(live, "sim") == (True, False), "the door open for want of figures still counts: it will shed"
         assert said(live, "plain") == (False, True), "a route that errs never sheds"
         assert said(dry, "sim") == (False, True), "a dry run sets no cap"
-        live.caps_in_force["sim"] = 4000  # as if batchlens had set it: the engine's None is a hand's
+        live._door("sim", cap=4000, cap_seen=True)  # as if batchlens had set it: the engine's None is a hand's
         asyncio.run(admit(live))
         assert said(live, "sim") == (False, True), "a hand opened the door: nothing sheds while its hold lasts"
-        live._cap_hold_until.clear(), asyncio.run(admit(live))
+        live._door("sim", cap_manual_until=0.0), asyncio.run(admit(live))
         assert said(live, "sim") == (True, False)
         live._not_steered("sim", "no answer within 1 s")
         assert said(live, "sim") == (False, True), "gone: asked again when it is back"
@@ -299,7 +299,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         assert cap() == 3000 and reasons(first) == {"admission_resumed": 1}, "not lifted on a loaded engine's start"
         assert first.caps["sim"].cap == 3000
         again = started(1030)  # kill -9 and a restart: the store says 3000 is batchlens's own
-        assert again.caps_in_force["sim"] == 3000
+        assert again.cap_in_force("sim") == 3000
         asyncio.run(run(again, lambda c: c._admit("sim", None, 1030)))
         assert cap() == 3000 and reasons(again) == {"admission_resumed": 1}
         asyncio.run(run(again, lambda c: c._admit("sim", None, 1030 + 61)))  # no estimate in stale_seconds
@@ -329,16 +329,16 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         assert cap() is None and reasons(held)["admission_error"] == 1
         asyncio.run(run(held, lambda c: c._admit("sim", None, 1802)))
         assert reasons(held)["admission_manual_hold"] == 1, "its own PUT landed: no hand"
-        assert held.caps_in_force["sim"] is None and held._cap_hold_until["sim"] < 1802
+        assert held.cap_in_force("sim") is None and held.states["sim"].cap_manual_until < 1802
 
         off = Controller(Config.model_validate({**config.model_dump(), "control": {"enabled": True}}),
                          Store(tmp_path / "hook.db"), admins={})  # fmt: skip
-        assert off.caps_in_force["sim"] is UNSET, "a cap stored with admission on is no reference with it off"
+        assert off.cap_in_force("sim") is UNSET, "a cap stored with admission on is no reference with it off"
         assert off.wanted("found-later", EngineState(), 0) is None, "an engine discovery found after start"
 
         set_caps(engine, max_num_queued_tokens=3000)
         blind = started(0)
-        blind.caps_in_force["sim"] = 3000  # batchlens's, from a window long gone
+        blind._door("sim", cap=3000, cap_seen=True)  # batchlens's, from a window long gone
 
         async def metrics_fail(c: Controller) -> None:
             async def fetch(name: str) -> str:
@@ -386,7 +386,7 @@ def test_the_breaker_keeps_the_doors_figures_when_the_admin_api_times_out_under_
         async with aiohttp.ClientSession() as session:
             service = Remediator(config, Store(tmp_path / "hook.db"), session, {"BATCHLENS_ADMIN_TOKEN": TOKEN})
             service.states["e"] = EngineState(applied_limit=32, capacity=64)
-            service.controller.caps_in_force["e"] = 3000
+            service.controller.states["e"] = Steering(cap=3000, cap_seen=True)
             service.controller._minutes["e"] = Window(60, 32, 0, 0.5, 800, 0, Histogram(((0.1, 9.0), (math.inf, 10.0)),
                                                       0.3), Histogram(((0.05, 100.0), (math.inf, 100.0)), 3.0),
                                                       rejected_per_second=2, finished_per_second=8)  # fmt: skip

@@ -71,12 +71,15 @@ class Controller:
         self._urls = {e.name: e.url + "/metrics" for e in config.engines}
         saved = store.controls()
         self.states = {name: saved.get(name, Steering()) for name in self._urls}
+        if not config.control.admission:  # a cap stored by an earlier run with the door on is no reference now
+            self.states = {name: replace(s, cap=None, cap_seen=False, cap_manual_until=0.0)
+                           for name, s in self.states.items()}  # fmt: skip
         self._started = started = clock()
         for name, state in self.states.items():
             if state.manual_until > started:  # a restart must not hide that a hand still holds the knob
                 log.warning("%s: a limit set by hand still holds control off for %.0f s (manual_hold_seconds), at %s",
                             name, state.manual_until - started, state.limit)  # fmt: skip
-            if state.cap_manual_until > started and config.control.admission:
+            if state.cap_manual_until > started:
                 log.warning("%s: a queued-token cap set by hand still holds the door's control off for %.0f s "
                             "(manual_hold_seconds), at %s", name, state.cap_manual_until - started,
                             _cap(state.cap))  # fmt: skip
@@ -97,17 +100,9 @@ class Controller:
         self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
         self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
-        # The door's working copy of what each Steering keeps for a restart (cap, cap_seen, cap_manual_until).
-        admitting = config.control.admission  # a cap stored by an earlier run with it on is no reference now
-        self.caps_in_force: dict[str, object] = {
-            name: state.cap if state.cap_seen and admitting else UNSET for name, state in self.states.items()
-        }  # as batchlens last set it, or found it
         self._cap_sent: dict[str, int | None] = {}  # instance -> a cap whose PUT failed: it may have landed
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
         self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
-        self._cap_hold_until: dict[str, float] = {
-            name: state.cap_manual_until for name, state in self.states.items() if state.cap_manual_until and admitting
-        }  # instance -> until when a cap set by hand stands
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
@@ -123,6 +118,11 @@ class Controller:
             return min(breaker.target_limit, state.limit)
         return state.limit
 
+    def cap_in_force(self, name: str) -> object:
+        """The queued-token cap batchlens last set or found on the engine (None: no cap), or UNSET: none yet."""
+        state = self.states.get(name)
+        return state.cap if state is not None and state.cap_seen else UNSET
+
     def _door_works(self, name: str) -> bool:
         """Whether batchlens keeps a door on the engine: admission on, not a dry run, and its cap route answers.
 
@@ -133,7 +133,7 @@ class Controller:
 
     def door(self, name: str) -> Door | None:
         """The engine's door for the breaker: None unless batchlens holds a queued-token cap in force on it."""
-        cap, minute = self.caps_in_force.get(name), self._minutes.get(name)
+        cap, minute = self.cap_in_force(name), self._minutes.get(name)
         if self._admission is None or not isinstance(cap, int) or minute is None:
             return None
         rate = self.caps[name].prefill_tokens_per_second if name in self.caps else None
@@ -211,13 +211,10 @@ class Controller:
         restarted), and pauses this knob for ``manual_hold_seconds``, as a hand on the batch limit does. What it
         learned of the cap goes to the store, so that a restart (``kill -9``) goes on from it.
         """
+        before = self.states[name]
         await self._door_tick(name, signals, now)
-        cap = self.caps_in_force[name]
-        kept = replace(self.states[name], cap=None if cap is UNSET else cap, cap_seen=cap is not UNSET,
-                       cap_manual_until=self._cap_hold_until.get(name, 0.0))  # fmt: skip
-        if kept != self.states[name]:
-            self.states[name] = kept
-            await self.store.run(self.store.save_control, name, kept, now)
+        if self.states[name] != before:
+            await self.store.run(self.store.save_control, name, self.states[name], now)
 
     async def _door_tick(self, name: str, signals: Window | None, now: float) -> None:
         assert self._admission is not None
@@ -226,21 +223,22 @@ class Controller:
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
-        ours, sent = self.caps_in_force[name], self._cap_sent.pop(name, UNSET)
+        ours, sent = self.cap_in_force(name), self._cap_sent.pop(name, UNSET)
         if ours is not UNSET and in_force != ours and in_force != sent:  # a PUT that timed out may have landed
             log.warning("%s: the queued-token cap is %s where batchlens last set or found %s: set by hand (or the "
                         "engine restarted); the controller leaves the cap alone for %g s", name, _cap(in_force),
                         _cap(ours), self.control.manual_hold_seconds)  # fmt: skip
-            self._cap_hold_until[name] = now + self.control.manual_hold_seconds
-        self.caps_in_force[name] = in_force  # the first tick, a restart (kill -9) or a hand: go on from it
+            self._door(name, cap_manual_until=now + self.control.manual_hold_seconds)
+        self._door(name, cap=in_force, cap_seen=True)  # the first tick, a restart (kill -9) or a hand: go on from it
+        hold_until = self.states[name].cap_manual_until
         # The door answers (until a set fails below), unless a hand opened it: then nothing sheds while it holds.
-        self._door_answers[name] = in_force is not None or now >= self._cap_hold_until.get(name, 0.0)
+        self._door_answers[name] = in_force is not None or now >= hold_until
         if signals is not None and (window_seen := saturated(signals, now)) is not None:
             self._saturated[name].append(window_seen)
         decision = self.caps[name] = queued_token_cap(self._saturated[name], now, self._admission)
         # While the cap in force stands, it is also the target the hook exports: +Inf would read as a door about
         # to open.
-        if now < self._cap_hold_until.get(name, 0.0):
+        if now < hold_until:
             self.caps[name] = CapDecision(in_force, "manual_hold", decision.prefill_tokens_per_second)
             self.decisions[(name, "admission_manual_hold")] += 1
             return
@@ -265,7 +263,11 @@ class Controller:
         self._admission_failing.pop(name, None)
         log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(in_force), _cap(decision.cap), decision.reason,
                  why)  # fmt: skip
-        self.caps_in_force[name] = decision.cap
+        self._door(name, cap=decision.cap, cap_seen=True)
+
+    def _door(self, name: str, **fields: object) -> None:
+        """Change what the engine's Steering keeps of its door (the cap, and a hand's hold on it)."""
+        self.states[name] = replace(self.states[name], **fields)
 
     def _admission_failed(self, name: str, why: str) -> None:
         """The cap could not be read or set; the limit is steered all the same (a release without caps: 501)."""

@@ -127,8 +127,8 @@ def _admission_families(c: Controller):
         wanted.add_metric([name], math.inf if decision.cap is None else decision.cap)
         if decision.prefill_tokens_per_second is not None:
             rate.add_metric([name], decision.prefill_tokens_per_second)
-    for name, cap in sorted(c.caps_in_force.items()):
-        if cap is not UNSET:
+    for name in sorted(c.states):
+        if (cap := c.cap_in_force(name)) is not UNSET:
             in_force.add_metric([name], math.inf if cap is None else cap)
     yield from (wanted, in_force, rate)
 
