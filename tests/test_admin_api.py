@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -18,6 +19,7 @@ from batchlens.admin_api import (
     combine,
     parse_admission,
     parse_update,
+    refuse_encoded,
     retry_after,
 )
 from batchlens.queued_caps import (
@@ -87,14 +89,42 @@ def test_a_signature_is_taken_once_within_the_skew_and_never_outside_it() -> Non
         check(auth, header, now=1000 + SIGNATURE_MAX_SKEW_SECONDS + 1)
 
 
-def test_the_memory_of_signatures_is_bounded_and_forgets_the_expired() -> None:
+def test_a_captured_signature_cannot_be_given_a_nonce_a_time_or_a_pod_of_its_own() -> None:
+    header = admin_headers("s3cret", "GET", BATCH_PATH, pod="vllm-0", now=1000)["Authorization"]
+    forged = (re.sub(r"n=[0-9a-f]+", "n=" + "ab" * 16, header), header.replace("t=1000", "t=1200"),
+              header.replace(",p=vllm-0", ",p=vllm-1"), header.replace(",p=vllm-0", ""))  # fmt: skip
+    for changed in forged:
+        with pytest.raises(AdminError, match="wrong signature"):
+            check(AdminAuth("s3cret", pod="vllm-1"), changed, now=1200)
+    check(AdminAuth("s3cret", pod="vllm-0"), header, now=1000)
+
+
+def test_a_signature_for_another_pod_is_refused_and_one_for_none_is_taken_anywhere() -> None:
+    for_a = admin_headers("s3cret", "GET", BATCH_PATH, pod="vllm-a")["Authorization"]
+    with pytest.raises(AdminError, match="signed for the pod vllm-a, and this is vllm-b"):
+        check(AdminAuth("s3cret", pod="vllm-b"), for_a)
+    check(AdminAuth("s3cret", pod="vllm-a"), for_a)
+    check(AdminAuth("s3cret", pod="vllm-b"), admin_headers("s3cret", "GET", BATCH_PATH)["Authorization"])  # static
+
+
+def test_the_memory_of_signatures_is_bounded_forgets_the_expired_and_refuses_rather_than_forget_early() -> None:
     auth = AdminAuth("s3cret", max_remembered=3)
-    headers = [admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"] for _ in range(5)]
-    for header in headers:
-        check(auth, header, now=1000)
-    assert len(auth._seen) == 3
-    check(auth, admin_headers("s3cret", "GET", BATCH_PATH, now=2000)["Authorization"], now=2000)
-    assert len(auth._seen) == 1  # the ones of 1000 are past their time
+    ahead = admin_headers("s3cret", "GET", BATCH_PATH, now=1250)["Authorization"]  # a signer's clock ahead
+    check(auth, ahead, now=1000)
+    for _ in range(2):
+        check(auth, admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"], now=1000)
+    with pytest.raises(AdminError) as full:  # three signatures still within their time: none is forgotten
+        check(auth, admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"], now=1001)
+    assert full.value.status == 503
+    check(auth, admin_headers("s3cret", "GET", BATCH_PATH, now=1400)["Authorization"], now=1400)
+    assert len(auth._seen) == 2, "the two of 1000 are past their time, though behind the one of 1250"
+    with pytest.raises(AdminError, match="replay"):
+        check(auth, ahead, now=1400)
+
+
+def test_a_compressed_body_is_refused_as_the_signature_covers_the_bytes_sent() -> None:
+    refuse_encoded(None), refuse_encoded("identity")
+    assert status(refuse_encoded, "gzip") == 400
 
 
 def test_errors_never_echo_the_token() -> None:

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import secrets
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -146,12 +147,18 @@ class AdminError(Exception):
 
 #: The scheme of a signed request. batchlens signs each admin call with the token instead of sending it, so an
 #: address that is not the engine (a deleted pod's IP, taken by a new pod within a discovery poll) learns
-#: nothing it can reuse: at most this one call, which an engine that saw it refuses a second time.
+#: nothing it can reuse: the call names the pod it is for, and an engine takes each signature once.
 SIGNED_SCHEME = "Batchlens-HMAC-SHA256"
 #: How far a signature's time may be from the server's clock: the hook's and the engine's hosts may disagree by
 #: this much (AWS's Signature Version 4 takes 5 minutes too). Within it, each signature is taken once.
 SIGNATURE_MAX_SKEW_SECONDS = 300
-_SIGNED = re.compile(r"t=(?P<t>[0-9]{1,12}),n=(?P<n>[0-9a-f]{16,64}),s=(?P<s>[0-9a-f]{64})")
+#: The variable that names the plugin's pod where its host name does not (a pod with ``hostNetwork``, or a
+#: ``spec.hostname``): set it from the downward API's ``metadata.name``.
+POD_NAME_ENV = "BATCHLENS_POD_NAME"
+# p: a Kubernetes object name (DNS-1123 subdomain).
+_SIGNED = re.compile(
+    r"t=(?P<t>[0-9]{1,12}),n=(?P<n>[0-9a-f]{16,64})(?:,p=(?P<p>[a-z0-9][a-z0-9.-]{0,252}))?,s=(?P<s>[0-9a-f]{64})"
+)
 #: What a caller's 401 may also mean, beside a token that differs: for its log line.
 SIGNED_401_HINT = (
     f"do the two hosts' clocks agree within {SIGNATURE_MAX_SKEW_SECONDS} s? A plugin from before signed calls "
@@ -166,38 +173,48 @@ def route_of(path: str) -> str:
     return path[at:] if at >= 0 else path
 
 
-def _signature(token: str, method: str, route: str, stamp: str, nonce: str, body: bytes) -> str:
-    message = "\n".join(("batchlens-v1", method.upper(), route, stamp, nonce, hashlib.sha256(body).hexdigest()))
-    return hmac.new(token.encode(), message.encode(), hashlib.sha256).hexdigest()
+def own_pod_name(environ: Mapping[str, str]) -> str:
+    """The pod this server runs in, as a signed call names it: ``BATCHLENS_POD_NAME``, else the host name
+    (Kubernetes sets it to the pod's name)."""
+    return environ.get(POD_NAME_ENV) or socket.gethostname()
+
+
+def _signature(token: str, method: str, route: str, stamp: str, nonce: str, pod: str, body: bytes) -> str:
+    lines = ("batchlens-v1", method.upper(), route, stamp, nonce, pod, hashlib.sha256(body).hexdigest())
+    return hmac.new(token.encode(), "\n".join(lines).encode(), hashlib.sha256).hexdigest()
 
 
 def admin_headers(token: str | None, method: str, path: str, body: bytes = b"", *, signed: bool = True,
-                  now: float | None = None) -> dict[str, str]:  # fmt: skip
+                  pod: str = "", now: float | None = None) -> dict[str, str]:  # fmt: skip
     """The Authorization header for one admin call; none when no token is configured.
 
-    ``signed`` (the default): an HMAC of the method, the route, the time, a fresh nonce and the body, keyed with
-    the token, which never goes on the wire. Otherwise the token itself as a bearer token, for a plugin from
-    before signatures (``admin_auth: bearer``).
+    ``signed`` (the default): an HMAC of the method, the route, the time, a fresh nonce, the ``pod`` the call is
+    for (a discovered engine's; none for an engine at an address of the config's) and the body as sent, keyed
+    with the token, which never goes on the wire. Otherwise the token itself as a bearer token, for a plugin
+    from before signatures (``admin_auth: bearer``).
     """
     if not token:
         return {}
     if not signed:
         return {"Authorization": f"Bearer {token}"}
     stamp, nonce = str(int(time.time() if now is None else now)), secrets.token_hex(16)
-    signature = _signature(token, method, route_of(path), stamp, nonce, body)
-    return {"Authorization": f"{SIGNED_SCHEME} t={stamp},n={nonce},s={signature}"}
+    signature = _signature(token, method, route_of(path), stamp, nonce, pod, body)
+    named = f",p={pod}" if pod else ""
+    return {"Authorization": f"{SIGNED_SCHEME} t={stamp},n={nonce}{named},s={signature}"}
 
 
 class AdminAuth:
     """The server's check of an admin call: a signature (each taken once) or a bearer token.
 
-    It remembers the nonces of the signatures it took for as long as their time is within the skew, so a call
-    that reached the wrong address and was passed on is refused; at most ``max_remembered`` of them, the oldest
-    forgotten first (only a holder of the token can make one it remembers).
+    ``pod``: the pod this server runs in (:func:`own_pod_name`); a signature for another pod is refused. None
+    (a test's fake engine) takes any. The server remembers each signature it took until its time is past the
+    skew, so a call that reached the wrong address and was passed on is refused. A restart forgets them, and so
+    does each API server process its own. At most ``max_remembered`` at once: past that a call is refused
+    (503) rather than one forgotten early (only a holder of the token can make one it remembers).
     """
 
-    def __init__(self, token: str | None, *, max_remembered: int = 65536):
-        self.token = token or None
+    def __init__(self, token: str | None, *, pod: str | None = None, max_remembered: int = 65536):
+        self.token, self.pod = token or None, pod
         self._seen: OrderedDict[str, int] = OrderedDict()  # nonce -> when it may be forgotten, in arrival order
         self._max = max_remembered
 
@@ -218,21 +235,41 @@ class AdminAuth:
         now = time.time() if now is None else now
         parts = _SIGNED.fullmatch(given.strip())
         if parts is None:
-            raise AdminError(401, f"a {SIGNED_SCHEME} header is 't=<unix seconds>,n=<hex nonce>,s=<hex HMAC>'")
-        expected = _signature(self.token, method, route_of(path), parts["t"], parts["n"], body)
+            raise AdminError(401, f"a {SIGNED_SCHEME} header is 't=<unix seconds>,n=<hex nonce>[,p=<pod>],s=<hex "
+                                  "HMAC>'")  # fmt: skip
+        pod = parts["p"] or ""
+        expected = _signature(self.token, method, route_of(path), parts["t"], parts["n"], pod, body)
         if not hmac.compare_digest(parts["s"], expected):
             raise AdminError(401, f"wrong signature: the token differs from the server's, or the request changed "
                                   f"on its way ({_AUTH_HELP})")  # fmt: skip
+        if pod and self.pod is not None and pod != self.pod:
+            raise AdminError(401, f"signed for the pod {pod}, and this is {self.pod}: the address belongs to "
+                                  f"another pod now, or {POD_NAME_ENV} is not this pod's name")  # fmt: skip
         skew = now - int(parts["t"])
         if abs(skew) > SIGNATURE_MAX_SKEW_SECONDS:
             side = "behind" if skew > 0 else "ahead of"
             raise AdminError(401, f"the signature's time is {abs(skew):.0f} s {side} this server's clock (at most "
                                   f"{SIGNATURE_MAX_SKEW_SECONDS} s): check both hosts' clocks (NTP)")  # fmt: skip
-        while self._seen and (next(iter(self._seen.values())) < now or len(self._seen) >= self._max):
+        self._remember(parts["n"], int(parts["t"]) + SIGNATURE_MAX_SKEW_SECONDS, now)
+
+    def _remember(self, nonce: str, until: int, now: float) -> None:
+        while self._seen and next(iter(self._seen.values())) < now:
             self._seen.popitem(last=False)
-        if parts["n"] in self._seen:
+        if nonce in self._seen:
             raise AdminError(401, "this signed request was already taken once (a replay)")
-        self._seen[parts["n"]] = int(parts["t"]) + SIGNATURE_MAX_SKEW_SECONDS  # then its time is refused anyway
+        if len(self._seen) >= self._max:  # arrival order is not expiry order (clocks differ): look at them all
+            self._seen = OrderedDict((n, at) for n, at in self._seen.items() if at >= now)
+            if len(self._seen) >= self._max:
+                raise AdminError(503, f"over {self._max} signed calls within {SIGNATURE_MAX_SKEW_SECONDS} s: "
+                                      "try again later")  # fmt: skip
+        self._seen[nonce] = until  # then its time is refused anyway
+
+
+def refuse_encoded(content_encoding: str | None) -> None:
+    """The contract's 400 for a compressed body: a signature covers the bytes as sent, which one server would
+    see decompressed and another not."""
+    if content_encoding and content_encoding.strip().lower() != "identity":
+        raise AdminError(400, f"Content-Encoding {content_encoding!r} is not taken: send the body as it is")
 
 
 def bearer_matches(authorization: str | None, token: str) -> bool:

@@ -7,6 +7,8 @@ same functions here, over real HTTP, so that the two cannot drift apart.
 from __future__ import annotations
 
 import json
+import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -27,10 +29,11 @@ from batchlens.admin_api import (
 )
 
 
-def accepted(token: str, authorization: str, method: str, path: str, body: bytes = b"") -> bool:
-    """Whether the engine's side takes ``authorization`` for this call with ``token``: signed, or the bearer token."""
+def accepted(token: str, authorization: str, method: str, path: str, body: bytes = b"", pod: str | None = None) -> bool:
+    """Whether the engine's side takes ``authorization`` for this call with ``token``: signed (for ``pod``, where
+    the fake engine has one), or the bearer token."""
     try:
-        AdminAuth(token).check(authorization, method, path, body)
+        AdminAuth(token, pod=pod).check(authorization, method, path, body)
     except AdminError:
         return False
     return True
@@ -109,23 +112,32 @@ def check_contract(admin: AdminClient, max_num_seqs: int) -> None:
 
 
 def check_signatures(admin: AdminClient) -> None:
-    """A signed call is taken once, for the method, route and body it was signed for, near the server's time; a
-    bearer token still serves (a person with curl, a hook from before signed calls). The limit ends as it began."""
+    """A signed call is taken once, for the method, route, pod and body it was signed for, near the server's time;
+    a bearer token still serves (a person with curl, a hook from before signed calls). The limit ends as it began.
+    The server runs on this host, outside any pod: its pod is this host's name."""
     limit = admin.state().max_num_active_seqs
     put = json.dumps({"max_num_active_seqs": 2}).encode()
-    signed = admin_headers(admin.token, "PUT", BATCH_PATH, put)
+    signed = admin_headers(admin.token, "PUT", BATCH_PATH, put, pod=socket.gethostname())
     stale = admin_headers(admin.token, "PUT", BATCH_PATH, put, now=time.time() - 600)
+    fresh = admin_headers(admin.token, "PUT", BATCH_PATH, put)["Authorization"]
+    renamed = re.sub(r"n=[0-9a-f]+", "n=" + "ab" * 16, fresh)  # a captured signature given a nonce of its own
+    later = re.sub(r"t=([0-9]+)", lambda m: f"t={int(m[1]) + 60}", fresh)  # or a time of its own
     refused = {
         "another body": ("PUT", BATCH_PATH, b'{"max_num_active_seqs": 3}', signed),
         "a GET's signature": ("PUT", BATCH_PATH, put, admin_headers(admin.token, "GET", BATCH_PATH)),
         "another route's": ("GET", INFO_PATH, None, admin_headers(admin.token, "GET", BATCH_PATH)),
         "another token's": ("PUT", BATCH_PATH, put, admin_headers("wrong-token", "PUT", BATCH_PATH, put)),
         "ten minutes old": ("PUT", BATCH_PATH, put, stale),
+        "another nonce": ("PUT", BATCH_PATH, put, {"Authorization": renamed}),
+        "another time": ("PUT", BATCH_PATH, put, {"Authorization": later}),
+        "another pod's": ("PUT", BATCH_PATH, put, admin_headers(admin.token, "PUT", BATCH_PATH, put, pod="vllm-x")),
         "not the scheme's shape": ("GET", BATCH_PATH, None, {"Authorization": f"{SIGNED_SCHEME} t=1,n=zz,s=00"}),
     }
     for why, (method, path, body, auth) in refused.items():
         status, reply = admin.request(method, path, body, auth=auth)
         assert status == 401 and reply.get("error"), (why, status, reply)
+    status, reply = admin.request("PUT", BATCH_PATH, put, auth={**signed, "Content-Encoding": "gzip"})
+    assert status == 400 and "Content-Encoding" in reply["error"], (status, reply)  # the bytes signed are as sent
     assert admin.state().max_num_active_seqs == limit, "a refused signature changed the limit"
     assert admin.request("PUT", BATCH_PATH, put, auth=signed)[0] == 200
     status, reply = admin.request("PUT", BATCH_PATH, put, auth=signed)

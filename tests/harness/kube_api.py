@@ -221,7 +221,8 @@ class FakeKubernetes:
         ip, auth, body = self._ip(request), request.headers.get("Authorization", ""), await request.read()
         self.authorizations[ip].append(auth)
         token = self.tokens.get(self.namespace_of[ip])
-        signed = bool(token) and accepted(token, auth, request.method, request.path, body)
+        name = next((p["metadata"]["name"] for p in self.pods if p.get("status", {}).get("podIP") == ip), "")
+        signed = bool(token) and accepted(token, auth, request.method, request.path, body, pod=name)
         self.signers[ip].append(token if signed else None)
         if not signed:
             return web.json_response({"error": "unauthorized"}, status=401)

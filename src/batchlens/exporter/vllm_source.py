@@ -95,7 +95,8 @@ class VllmSource:
         """The batch state, None where the server has no admin API, or a soft error."""
         url = self.engine.admin_url + BATCH_PATH
         try:
-            headers = admin_headers(self._token, "GET", BATCH_PATH, signed=self.engine.admin_auth == "signed")
+            signed = self.engine.admin_auth == "signed"
+            headers = admin_headers(self._token, "GET", BATCH_PATH, signed=signed, pod=self.engine.pod)
             body = await self._http.text(url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=headers)
             return BatchState.model_validate_json(body)
         except SourceError as exc:

@@ -49,14 +49,14 @@ class AdminCallError(Exception):
 
 class AdminClient:
     def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None, *, timeout: float = 5.0,
-                 signed: bool = True):  # fmt: skip
+                 signed: bool = True, pod: str = ""):  # fmt: skip
         self._session = session
         if token:  # the token takes the Authorization header: a user and password in the URL are the scrape's
             parts = urlsplit(url)
             url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self._base = url
         self.url = url + BATCH_PATH
-        self._token, self._signed = token, signed
+        self._token, self._signed, self._pod = token, signed, pod
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def get(self) -> BatchState:
@@ -78,7 +78,7 @@ class AdminClient:
         shown = mask_url(url)  # the error messages are logged
         try:
             data = b"" if body is None else json.dumps(body).encode()
-            headers = admin_headers(self._token, method, urlsplit(url).path, data, signed=self._signed)
+            headers = admin_headers(self._token, method, urlsplit(url).path, data, signed=self._signed, pod=self._pod)
             if body is not None:
                 headers["Content-Type"] = "application/json"
             async with self._session.request(method, url, data=data or None, headers=headers, timeout=self._timeout,

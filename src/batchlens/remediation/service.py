@@ -176,7 +176,7 @@ class Remediator:
         self.engines[name] = engine
         self._joined[name] = self.clock()
         self.admins[name] = AdminClient(self._session, engine.admin_url, engine.admin_token(self._environ),
-                                        signed=engine.admin_auth == "signed")  # fmt: skip
+                                        signed=engine.admin_auth == "signed", pod=engine.pod)  # fmt: skip
         state = saved.get(name, EngineState())
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
         if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from collections import deque
@@ -33,8 +34,10 @@ from batchlens.admin_api import (
     BatchState,
     CacheReset,
     combine,
+    own_pod_name,
     parse_admission,
     parse_update,
+    refuse_encoded,
     retry_after,
 )
 from batchlens.arrivals import ArrivalMetrics
@@ -78,7 +81,7 @@ class Simulator:
         self.metrics = VllmMetrics(engine, model_name, vllm_version=vllm_version)
         self.arrivals = ArrivalMetrics(self.metrics.registry)  # what the batchlens vLLM plugin adds
         self.gpu = SimulatedGpu(engine)
-        self._auth = AdminAuth(admin_token)
+        self._auth = AdminAuth(admin_token, pod=own_pod_name(os.environ))
         self._pending: dict[str, Pending] = {}
         self._wake = asyncio.Event()
         self._arrivals: deque[SimRequest] = deque()  # submitted, not yet reached by simulated time
@@ -307,6 +310,7 @@ class Simulator:
     def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo | CacheReset | AdmissionState]]):
         async def route(request: web.Request) -> web.Response:
             try:
+                refuse_encoded(request.headers.get("Content-Encoding"))  # aiohttp would decompress it
                 self._auth.check(request.headers.get("Authorization"), request.method, request.path,
                                  await request.read())  # fmt: skip
                 reply = await handler(request)

@@ -36,8 +36,10 @@ from batchlens.admin_api import (
     BatchState,
     CacheReset,
     combine,
+    own_pod_name,
     parse_admission,
     parse_update,
+    refuse_encoded,
     retry_after,
 )
 from batchlens.queued_caps import plugin_refusal
@@ -58,7 +60,7 @@ class AdminService:
     """The engine client, the token, and a lock that applies changes one at a time."""
 
     def __init__(self, engine_client: Any, token: str | None, support: Support):
-        self.auth = AdminAuth(token)
+        self.auth = AdminAuth(token, pod=own_pod_name(os.environ))
         self._client = engine_client
         self._support = support
         # Without it, two PUTs could reach the engines of a data-parallel server in
@@ -261,6 +263,7 @@ def _route(handler: Handler) -> Callable[[Request], Awaitable[JSONResponse]]:
                 raise AdminError(503, "the batchlens admin API is not initialised yet")
             if isinstance(service, Refused):
                 raise AdminError(501, f"the batchlens plugin refused this vLLM: {service.reason}")
+            refuse_encoded(request.headers.get("content-encoding"))
             body = await _read_body(request)
             service.auth.check(request.headers.get("authorization"), request.method, request.url.path, body)
             reply = await handler(service, request, body)
