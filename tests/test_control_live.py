@@ -327,6 +327,9 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
 
         asyncio.run(run(held, lands_then_errs))
         assert cap() is None and reasons(held)["admission_error"] == 1
+        restarted = started(1801)  # kill -9 just after: the PUT that erred is in the store
+        asyncio.run(run(restarted, lambda c: c._admit("sim", None, 1802)))
+        assert "admission_manual_hold" not in reasons(restarted), "its own PUT landed before the kill -9: no hand"
         asyncio.run(run(held, lambda c: c._admit("sim", None, 1802)))
         assert reasons(held)["admission_manual_hold"] == 1, "its own PUT landed: no hand"
         assert held.cap_in_force("sim") is None and held.states["sim"].cap_manual_until < 1802

@@ -72,8 +72,8 @@ class Controller:
         saved = store.controls()
         self.states = {name: saved.get(name, Steering()) for name in self._urls}
         if not config.control.admission:  # a cap stored by an earlier run with the door on is no reference now
-            self.states = {name: replace(s, cap=None, cap_seen=False, cap_manual_until=0.0)
-                           for name, s in self.states.items()}  # fmt: skip
+            self.states = {name: replace(s, cap=None, cap_seen=False, cap_manual_until=0.0, cap_sent=None,
+                                         cap_sent_seen=False) for name, s in self.states.items()}  # fmt: skip
         self._started = started = clock()
         for name, state in self.states.items():
             if state.manual_until > started:  # a restart must not hide that a hand still holds the knob
@@ -100,7 +100,6 @@ class Controller:
         self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
         self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
-        self._cap_sent: dict[str, int | None] = {}  # instance -> a cap whose PUT failed: it may have landed
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
         self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
@@ -223,7 +222,9 @@ class Controller:
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
-        ours, sent = self.cap_in_force(name), self._cap_sent.pop(name, UNSET)
+        state = self.states[name]
+        ours, sent = self.cap_in_force(name), state.cap_sent if state.cap_sent_seen else UNSET
+        self._door(name, cap_sent=None, cap_sent_seen=False)
         if ours is not UNSET and in_force != ours and in_force != sent:  # a PUT that timed out may have landed
             log.warning("%s: the queued-token cap is %s where batchlens last set or found %s: set by hand (or the "
                         "engine restarted); the controller leaves the cap alone for %g s", name, _cap(in_force),
@@ -256,7 +257,7 @@ class Controller:
         try:
             await self._admins[name].set_admission(max_num_queued_tokens=decision.cap, prefill_tokens_per_second=rate)
         except AdminCallError as exc:
-            self._cap_sent[name] = decision.cap
+            self._door(name, cap_sent=decision.cap, cap_sent_seen=True)  # kept: a kill -9 must not take it for a hand
             self._admission_failed(name, f"cannot set its queued-token cap: {exc}")
             return
         why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"

@@ -40,10 +40,13 @@ class Steering:
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
     # The door (control.admission): the queued-token cap batchlens last set or found in force (None: no cap),
-    # whether it ever read or set one (a restart goes on from it), and until when a cap set by hand stands.
+    # whether it ever read or set one (a restart goes on from it), and until when a cap set by hand stands. And a
+    # cap whose PUT failed (None: no cap), where cap_sent_seen: it may have landed, so finding it is no hand's.
     cap: int | None = None
     cap_seen: bool = False
     cap_manual_until: float = 0.0
+    cap_sent: int | None = None
+    cap_sent_seen: bool = False
 
     @property
     def limit(self) -> int | None:
@@ -61,12 +64,12 @@ class Steering:
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
         law = {} if self.law is None else asdict(self.law)  # the peak and the capacity model too, as dicts
-        return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until,
-                "cap": self.cap, "cap_seen": self.cap_seen, "cap_manual_until": self.cap_manual_until}  # fmt: skip
+        door = {k: getattr(self, k) for k in _DOOR}
+        return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until, **door}
 
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
-        door = {k: data[k] for k in ("cap", "cap_seen", "cap_manual_until") if k in data}  # older stores: none
+        door = {k: data[k] for k in _DOOR if k in data}  # older stores: none, or some
         live = cls(seen_limit=data.get("seen_limit"), manual_until=data.get("manual_until", 0.0), **door)
         if data.get("limit") is None:
             return live
@@ -85,6 +88,7 @@ class Steering:
 
 
 _LAW = tuple(f.name for f in fields(State) if f.name not in ("peak", "capacity"))
+_DOOR = ("cap", "cap_seen", "cap_manual_until", "cap_sent", "cap_sent_seen")
 
 
 @dataclass(frozen=True)
