@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 
 import pytest
 
 from batchlens.admin_api import (
     ADMISSION_PATH,
     BATCH_PATH,
+    POD_NAME_ENV,
+    POD_NAMESPACE_ENV,
     SIGNATURE_MAX_SKEW_SECONDS,
     SIGNED_SCHEME,
     AdminAuth,
     AdminError,
     AdmissionState,
+    PodIdentity,
     admin_headers,
     combine,
+    own_pod,
     parse_admission,
     parse_update,
     refuse_encoded,
@@ -95,16 +100,31 @@ def test_a_captured_signature_cannot_be_given_a_nonce_a_time_or_a_pod_of_its_own
               header.replace(",p=vllm-0", ",p=vllm-1"), header.replace(",p=vllm-0", ""))  # fmt: skip
     for changed in forged:
         with pytest.raises(AdminError, match="wrong signature"):
-            check(AdminAuth("s3cret", pod="vllm-1"), changed, now=1200)
-    check(AdminAuth("s3cret", pod="vllm-0"), header, now=1000)
+            check(AdminAuth("s3cret", pod=PodIdentity("vllm-1")), changed, now=1200)
+    check(AdminAuth("s3cret", pod=PodIdentity("vllm-0")), header, now=1000)
 
 
 def test_a_signature_for_another_pod_is_refused_and_one_for_none_is_taken_anywhere() -> None:
-    for_a = admin_headers("s3cret", "GET", BATCH_PATH, pod="vllm-a")["Authorization"]
-    with pytest.raises(AdminError, match="signed for the pod vllm-a, and this is vllm-b"):
-        check(AdminAuth("s3cret", pod="vllm-b"), for_a)
-    check(AdminAuth("s3cret", pod="vllm-a"), for_a)
-    check(AdminAuth("s3cret", pod="vllm-b"), admin_headers("s3cret", "GET", BATCH_PATH)["Authorization"])  # static
+    here = PodIdentity("vllm-0", "serving")
+    for signed, taken in (("serving/vllm-0", True), ("vllm-0", True), ("team-b/vllm-0", False),
+                          ("serving/vllm-1", False), ("", True)):  # fmt: skip  # "": an engine of the config's
+        header = admin_headers("s3cret", "GET", BATCH_PATH, pod=signed)["Authorization"]
+        if taken:
+            check(AdminAuth("s3cret", pod=here), header)
+        else:
+            with pytest.raises(AdminError, match=f"signed for the pod {signed}, and this is serving/vllm-0"):
+                check(AdminAuth("s3cret", pod=here), header)
+    assert PodIdentity("vllm-0").names("team-b/vllm-0"), "no namespace known here: the name alone is judged"
+
+
+def test_a_pod_knows_itself_from_the_downward_api_else_its_host_name_which_kubelet_cuts_to_63() -> None:
+    named = own_pod({POD_NAME_ENV: "vllm-0", POD_NAMESPACE_ENV: "serving"})
+    assert named == PodIdentity("vllm-0", "serving") and named.names("serving/vllm-0")
+    long = "production-stack-llama-3-1-8b-instruct-deployment-vllm-7c9d5b8f6d-x2x7z"  # 72 characters
+    assert own_pod({}).name == socket.gethostname() and own_pod({}).cut
+    host = PodIdentity(long[:63].rstrip("-."), cut=True)  # what kubelet sets as its host name
+    assert host.names(f"serving/{long}") and not host.names(f"serving/{long[:40]}")
+    assert not PodIdentity(long[:63].rstrip("-.")).names(long), "a name from the downward API is exact"
 
 
 def test_the_memory_of_signatures_is_bounded_forgets_the_expired_and_refuses_rather_than_forget_early() -> None:
@@ -120,6 +140,14 @@ def test_the_memory_of_signatures_is_bounded_forgets_the_expired_and_refuses_rat
     assert len(auth._seen) == 2, "the two of 1000 are past their time, though behind the one of 1250"
     with pytest.raises(AdminError, match="replay"):
         check(auth, ahead, now=1400)
+
+
+def test_a_clock_stepped_back_does_not_bring_a_forgotten_signature_back() -> None:
+    auth, first = AdminAuth("s3cret"), admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"]
+    check(auth, first, now=1000)
+    check(auth, admin_headers("s3cret", "GET", BATCH_PATH, now=1305)["Authorization"], now=1305)  # forgets first
+    with pytest.raises(AdminError, match="clock"):  # NTP steps the clock back 10 s: still past its time
+        check(auth, first, now=1295)
 
 
 def test_a_compressed_body_is_refused_as_the_signature_covers_the_bytes_sent() -> None:

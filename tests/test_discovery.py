@@ -76,6 +76,7 @@ def test_a_discovered_engines_admin_api_is_on_the_pods_ip_at_the_admin_port_wher
 def test_discovered_engines_sign_their_calls_unless_the_config_asks_for_bearer() -> None:
     found = [Pod.from_dict(pod("vllm-0", "10.1.0.8"))]
     assert engines_of(found, Kubernetes(namespaces=["serving"]))[0][0].admin_auth == "signed"
+    assert engines_of(found, Kubernetes(namespaces=["serving"]))[0][0].pod == "serving/vllm-0"  # what a call names
     assert engines_of(found, Kubernetes(namespaces=["serving"], admin_auth="bearer"))[0][0].admin_auth == "bearer"
     with pytest.raises(ValueError, match="admin_auth"):
         Kubernetes(namespaces=["serving"], admin_auth="basic")
@@ -216,6 +217,8 @@ def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
         wait_until(lambda: api.batch["127.0.0.5"]["max_num_active_seqs"] == 32, what="team-b/vllm-b halved")
         assert set(api.signers["127.0.0.2"]) == {"pod-admin-token"}  # serving's own token signed every call
         assert set(api.signers["127.0.0.5"]) == {"team-b-token"}  # team-b's, not serving's
+        assert all(",p=serving/vllm-0," in a for a in api.authorizations["127.0.0.2"])  # each names its pod
+        assert all(",p=team-b/vllm-b," in a for a in api.authorizations["127.0.0.5"])
 
         config = tmp_path / "exporter.yaml"
         config.write_text(json.dumps({"kubernetes": k8s, "exporter": {"nvml": False}}))

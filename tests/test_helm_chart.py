@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchlens.admin_api import POD_NAME_ENV
+from batchlens.admin_api import POD_NAME_ENV, POD_NAMESPACE_ENV
 from batchlens.artifacts import chart_files, rule_groups
 from batchlens.config import ConfigError, load_config
 from harness.helm import (
@@ -389,6 +389,7 @@ def test_the_vllm_examples_switch_the_plugin_on_with_the_token_the_chart_reads()
         assert named["VLLM_PLUGINS"]["value"] == "batchlens"
         assert named["BATCHLENS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret
         assert named[POD_NAME_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # what a signature names
+        assert named[POD_NAMESPACE_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 def test_the_pods_meet_pod_security_restricted_but_for_the_exporters_one_documented_exception(rendered) -> None:

@@ -257,7 +257,9 @@ def test_an_admin_api_that_answers_401_is_recorded_and_retried_with_backoff(tmp_
         assert gaps[0] > 0.8 and gaps[1] > 1.6 * gaps[0], gaps
         assert pick(hook.samples(), "batchlens_remediation_actions_total", action="observe", result="http_401")
         assert hook.health()["engines"]["e"]["strikes"] == 0  # nothing decided on a blind guess
-        assert "a-wrong-token" not in hook.process.log_path.read_text()  # the token is never logged
+        log = hook.process.log_path.read_text()
+        assert "a-wrong-token" not in log  # the token is never logged
+        assert ": 401 'unauthorized' (does the engine's admin token" in log, "the server's own reason is logged"
     finally:
         hook.stop()
 

@@ -17,6 +17,8 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -152,17 +154,22 @@ SIGNED_SCHEME = "Batchlens-HMAC-SHA256"
 #: How far a signature's time may be from the server's clock: the hook's and the engine's hosts may disagree by
 #: this much (AWS's Signature Version 4 takes 5 minutes too). Within it, each signature is taken once.
 SIGNATURE_MAX_SKEW_SECONDS = 300
-#: The variable that names the plugin's pod where its host name does not (a pod with ``hostNetwork``, or a
-#: ``spec.hostname``): set it from the downward API's ``metadata.name``.
-POD_NAME_ENV = "BATCHLENS_POD_NAME"
-# p: a Kubernetes object name (DNS-1123 subdomain).
+#: The variables that name the plugin's pod and its namespace, from the downward API (``metadata.name``,
+#: ``metadata.namespace``). Without them: the host name (Kubernetes sets it to the pod's name, cut to 63
+#: characters, unless ``hostNetwork`` or ``spec.hostname``), and the service account's namespace file.
+POD_NAME_ENV, POD_NAMESPACE_ENV = "BATCHLENS_POD_NAME", "BATCHLENS_POD_NAMESPACE"
+_SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_HOST_NAME_MAX = 63  # kubelet cuts a pod's host name to this (and then trims a trailing "-" or ".")
+# p: <namespace>/<pod name>, or a name alone (an engine of the config's); DNS-1123 names.
+_NAME = r"[a-z0-9][a-z0-9.-]{0,252}"
 _SIGNED = re.compile(
-    r"t=(?P<t>[0-9]{1,12}),n=(?P<n>[0-9a-f]{16,64})(?:,p=(?P<p>[a-z0-9][a-z0-9.-]{0,252}))?,s=(?P<s>[0-9a-f]{64})"
+    rf"t=(?P<t>[0-9]{{1,12}}),n=(?P<n>[0-9a-f]{{16,64}})(?:,p=(?P<p>{_NAME}(?:/{_NAME})?))?,s=(?P<s>[0-9a-f]{{64}})"
 )
 #: What a caller's 401 may also mean, beside a token that differs: for its log line.
 SIGNED_401_HINT = (
-    f"do the two hosts' clocks agree within {SIGNATURE_MAX_SKEW_SECONDS} s? A plugin from before signed calls "
-    "wants admin_auth: bearer"
+    f"Do the two hosts' clocks agree within {SIGNATURE_MAX_SKEW_SECONDS} s? Is the pod the plugin runs in the one "
+    f"batchlens calls it by ({POD_NAME_ENV}, {POD_NAMESPACE_ENV})? A plugin from before signed calls wants "
+    "admin_auth: bearer"
 )
 _AUTH_HELP = f"sign the request ({SIGNED_SCHEME}, as batchlens does) or send 'Authorization: Bearer <token>'"
 
@@ -173,10 +180,37 @@ def route_of(path: str) -> str:
     return path[at:] if at >= 0 else path
 
 
-def own_pod_name(environ: Mapping[str, str]) -> str:
-    """The pod this server runs in, as a signed call names it: ``BATCHLENS_POD_NAME``, else the host name
-    (Kubernetes sets it to the pod's name)."""
-    return environ.get(POD_NAME_ENV) or socket.gethostname()
+@dataclass(frozen=True)
+class PodIdentity:
+    """The pod a server runs in, as it judges the pod a signed call names."""
+
+    name: str
+    namespace: str | None = None  # None: not known here, so a call's namespace is not checked
+    cut: bool = False  # the name is a host name: kubelet cut a longer pod name to it
+
+    def names(self, signed: str) -> bool:
+        """Whether ``signed`` (``<namespace>/<name>``, or a name alone) is this pod."""
+        namespace, _, name = signed.rpartition("/")
+        if namespace and self.namespace is not None and namespace != self.namespace:
+            return False
+        return name == self.name or (self.cut and len(name) > _HOST_NAME_MAX
+                                     and name[:_HOST_NAME_MAX].rstrip("-.") == self.name)  # fmt: skip
+
+    def __str__(self) -> str:
+        return f"{self.namespace or '?'}/{self.name}"
+
+
+def own_pod(environ: Mapping[str, str]) -> PodIdentity:
+    """The pod this server runs in: from the downward API's variables, else the host name and the service
+    account's namespace (docs/vllm-plugin.md)."""
+    namespace = environ.get(POD_NAMESPACE_ENV)
+    if not namespace:
+        try:
+            namespace = _SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+        except OSError:  # not in a pod, or no service account mounted
+            namespace = None
+    name = environ.get(POD_NAME_ENV)
+    return PodIdentity(name or socket.gethostname(), namespace, cut=not name)
 
 
 def _signature(token: str, method: str, route: str, stamp: str, nonce: str, pod: str, body: bytes) -> str:
@@ -206,17 +240,18 @@ def admin_headers(token: str | None, method: str, path: str, body: bytes = b"", 
 class AdminAuth:
     """The server's check of an admin call: a signature (each taken once) or a bearer token.
 
-    ``pod``: the pod this server runs in (:func:`own_pod_name`); a signature for another pod is refused. None
-    (a test's fake engine) takes any. The server remembers each signature it took until its time is past the
+    ``pod``: the pod this server runs in (:func:`own_pod`); a signature for another pod is refused. None (a
+    test's fake engine) takes any. The server remembers each signature it took until its time is past the
     skew, so a call that reached the wrong address and was passed on is refused. A restart forgets them, and so
     does each API server process its own. At most ``max_remembered`` at once: past that a call is refused
     (503) rather than one forgotten early (only a holder of the token can make one it remembers).
     """
 
-    def __init__(self, token: str | None, *, pod: str | None = None, max_remembered: int = 65536):
+    def __init__(self, token: str | None, *, pod: PodIdentity | None = None, max_remembered: int = 65536):
         self.token, self.pod = token or None, pod
         self._seen: OrderedDict[str, int] = OrderedDict()  # nonce -> when it may be forgotten, in arrival order
         self._max = max_remembered
+        self._latest = -math.inf
 
     def check(self, authorization: str | None, method: str, path: str, body: bytes = b"", *,
               now: float | None = None) -> None:  # fmt: skip
@@ -232,7 +267,8 @@ class AdminAuth:
             if not bearer_matches(authorization, self.token):
                 raise AdminError(401, f"missing or wrong token: {_AUTH_HELP}")
             return
-        now = time.time() if now is None else now
+        # The latest time seen: a clock stepped back must not bring back a signature already forgotten.
+        now = self._latest = max(self._latest, time.time() if now is None else now)
         parts = _SIGNED.fullmatch(given.strip())
         if parts is None:
             raise AdminError(401, f"a {SIGNED_SCHEME} header is 't=<unix seconds>,n=<hex nonce>[,p=<pod>],s=<hex "
@@ -242,9 +278,10 @@ class AdminAuth:
         if not hmac.compare_digest(parts["s"], expected):
             raise AdminError(401, f"wrong signature: the token differs from the server's, or the request changed "
                                   f"on its way ({_AUTH_HELP})")  # fmt: skip
-        if pod and self.pod is not None and pod != self.pod:
+        if pod and self.pod is not None and not self.pod.names(pod):
             raise AdminError(401, f"signed for the pod {pod}, and this is {self.pod}: the address belongs to "
-                                  f"another pod now, or {POD_NAME_ENV} is not this pod's name")  # fmt: skip
+                                  f"another pod now, or this pod's {POD_NAME_ENV} and {POD_NAMESPACE_ENV} are "
+                                  "not set from the downward API")  # fmt: skip
         skew = now - int(parts["t"])
         if abs(skew) > SIGNATURE_MAX_SKEW_SECONDS:
             side = "behind" if skew > 0 else "ahead of"

@@ -25,11 +25,14 @@ from batchlens.admin_api import (
     AdminAuth,
     AdminError,
     BatchState,
+    PodIdentity,
     admin_headers,
 )
 
 
-def accepted(token: str, authorization: str, method: str, path: str, body: bytes = b"", pod: str | None = None) -> bool:
+def accepted(
+    token: str, authorization: str, method: str, path: str, body: bytes = b"", pod: PodIdentity | None = None
+) -> bool:
     """Whether the engine's side takes ``authorization`` for this call with ``token``: signed (for ``pod``, where
     the fake engine has one), or the bearer token."""
     try:

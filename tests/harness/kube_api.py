@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from batchlens.admin_api import PodIdentity
 from harness.admin import accepted
 from harness.procs import free_port
 
@@ -222,7 +223,8 @@ class FakeKubernetes:
         self.authorizations[ip].append(auth)
         token = self.tokens.get(self.namespace_of[ip])
         name = next((p["metadata"]["name"] for p in self.pods if p.get("status", {}).get("podIP") == ip), "")
-        signed = bool(token) and accepted(token, auth, request.method, request.path, body, pod=name)
+        pod = PodIdentity(name, self.namespace_of[ip])  # as the plugin knows its own pod, from the downward API
+        signed = bool(token) and accepted(token, auth, request.method, request.path, body, pod=pod)
         self.signers[ip].append(token if signed else None)
         if not signed:
             return web.json_response({"error": "unauthorized"}, status=401)

@@ -127,9 +127,9 @@ class Engine(_Section):
     admin_token_env: str = "BATCHLENS_ADMIN_TOKEN"
     admin_auth: AdminAuthMode = Field("signed", description=ADMIN_AUTH_HELP)
     pod: str = Field(
-        "", pattern=r"^([a-z0-9][a-z0-9.-]{0,252})?$",
-        description="the engine's pod (discovery sets it): a signed admin call names it, and a plugin in another "
-        "pod refuses the call",
+        "", pattern=r"^(([a-z0-9][a-z0-9.-]{0,252}/)?[a-z0-9][a-z0-9.-]{0,252})?$",
+        description="the engine's pod, <namespace>/<name> (discovery sets it): a signed admin call names it, and a "
+        "plugin in another pod refuses the call",
     )  # fmt: skip
     gpus: list[int | str] = Field(default_factory=list, description="static GPU mapping (indexes or UUIDs)")
     simulated_gpu: bool = Field(

@@ -55,7 +55,7 @@ def engines_of(pods: Iterable, settings: Kubernetes) -> tuple[list[Engine], Coun
                     url=f"http://{host}:{settings.port}",
                     admin_port=settings.admin_port,
                     admin_auth=settings.admin_auth,
-                    pod=meta.name,
+                    pod=f"{meta.namespace}/{meta.name}",
                     labels={"namespace": meta.namespace, "pod": meta.name},
                 )
             )

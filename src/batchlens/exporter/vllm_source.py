@@ -107,7 +107,7 @@ class VllmSource:
                 source = self.engine.admin_token_source
                 hint = f" (does {source} hold the server's BATCHLENS_ADMIN_TOKEN? {SIGNED_401_HINT})"
             elif exc.reason == "http_503":
-                hint = " (the server has no BATCHLENS_ADMIN_TOKEN configured)"
+                hint = " (a server without BATCHLENS_ADMIN_TOKEN answers 503, and one not yet started)"
             return (f"admin_{exc.reason}", f"admin API: {exc}{hint}")
         except ValidationError as exc:
             return ("admin_invalid", f"admin API {mask_url(url)} answered an unexpected body: {exc.errors()[0]['msg']}")

@@ -29,7 +29,7 @@ from batchlens.config import mask_url
 HINTS = {
     401: f" (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's? "
     f"{SIGNED_401_HINT})",
-    503: " (the server has no BATCHLENS_ADMIN_TOKEN configured)",
+    503: " (a server without BATCHLENS_ADMIN_TOKEN answers 503, and one not yet started)",
     404: (
         " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens? Before vLLM 0.32 also "
         "--middleware batchlens.vllm_plugin.middleware.AdminMiddleware, docs/compatibility.md)"
@@ -39,6 +39,18 @@ HINTS = {
 
 
 Reply = TypeVar("Reply", bound=BaseModel)
+
+
+def _reason(body: bytes) -> str:
+    """The server's own reason for a refusal (the contract's ``{"error": ...}``), fit for one log line: at most
+    200 printable characters. Never a token: the admin API echoes none."""
+    try:
+        said = json.loads(body).get("error")
+    except (ValueError, AttributeError, RecursionError):
+        return ""
+    if not isinstance(said, str) or not said:
+        return ""
+    return " " + repr("".join(c if c.isprintable() else " " for c in said)[:200])
 
 
 class AdminCallError(Exception):
@@ -85,8 +97,8 @@ class AdminClient:
                                              allow_redirects=False) as reply:  # fmt: skip
                 text = await reply.content.read(64 * 1024)
                 if reply.status != 200:
-                    hint = HINTS.get(reply.status, "")
-                    raise AdminCallError(f"http_{reply.status}", f"{method} {shown}: {reply.status}{hint}")
+                    said, hint = _reason(text), HINTS.get(reply.status, "")
+                    raise AdminCallError(f"http_{reply.status}", f"{method} {shown}: {reply.status}{said}{hint}")
                 return reply_model.model_validate_json(text)
         except TimeoutError:
             raise AdminCallError("timeout", f"{method} {shown}: no answer within {self._timeout.total} s") from None

@@ -34,7 +34,7 @@ from batchlens.admin_api import (
     BatchState,
     CacheReset,
     combine,
-    own_pod_name,
+    own_pod,
     parse_admission,
     parse_update,
     refuse_encoded,
@@ -81,7 +81,7 @@ class Simulator:
         self.metrics = VllmMetrics(engine, model_name, vllm_version=vllm_version)
         self.arrivals = ArrivalMetrics(self.metrics.registry)  # what the batchlens vLLM plugin adds
         self.gpu = SimulatedGpu(engine)
-        self._auth = AdminAuth(admin_token, pod=own_pod_name(os.environ))
+        self._auth = AdminAuth(admin_token, pod=own_pod(os.environ))
         self._pending: dict[str, Pending] = {}
         self._wake = asyncio.Event()
         self._arrivals: deque[SimRequest] = deque()  # submitted, not yet reached by simulated time

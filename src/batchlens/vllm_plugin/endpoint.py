@@ -35,8 +35,9 @@ from batchlens.admin_api import (
     AdmissionState,
     BatchState,
     CacheReset,
+    PodIdentity,
     combine,
-    own_pod_name,
+    own_pod,
     parse_admission,
     parse_update,
     refuse_encoded,
@@ -59,8 +60,8 @@ STATE_KEY = "batchlens_admin"
 class AdminService:
     """The engine client, the token, and a lock that applies changes one at a time."""
 
-    def __init__(self, engine_client: Any, token: str | None, support: Support):
-        self.auth = AdminAuth(token, pod=own_pod_name(os.environ))
+    def __init__(self, engine_client: Any, token: str | None, support: Support, pod: PodIdentity):
+        self.auth = AdminAuth(token, pod=pod)
         self._client = engine_client
         self._support = support
         # Without it, two PUTs could reach the engines of a data-parallel server in
@@ -195,11 +196,12 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
     """What the routes serve, logged once when the server starts."""
     if support.refusal is not None:
         return Refused(support.refusal)
-    token = os.environ.get(TOKEN_ENV) or None
+    token, pod = os.environ.get(TOKEN_ENV) or None, own_pod(os.environ)
     if token:
         log.info(
-            "batchlens: admin API on %s and %s (token from %s; admission by %s, served by vLLM's %s)",
-            BATCH_PATH, INFO_PATH, TOKEN_ENV, support.mechanism, support.api_route,
+            "batchlens: admin API on %s and %s (token from %s; admission by %s, served by vLLM's %s); signed "
+            "calls that name a pod must name %s",
+            BATCH_PATH, INFO_PATH, TOKEN_ENV, support.mechanism, support.api_route, pod,
         )  # fmt: skip
     else:
         log.warning("batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV)
@@ -212,7 +214,7 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
         )  # fmt: skip
     else:
         log.info("batchlens: %s answers 501: %s", ADMISSION_PATH, support.door_refusal)
-    return AdminService(engine_client, token, support)
+    return AdminService(engine_client, token, support, pod)
 
 
 class NoDoor:
