@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from batchlens.admin_api import POD_NAME_ENV, POD_NAMESPACE_ENV
+from batchlens.admin_auth import POD_NAME_ENV, POD_NAMESPACE_ENV
 from batchlens.artifacts import chart_files, rule_groups
 from batchlens.config import ConfigError, load_config
 from harness.helm import (

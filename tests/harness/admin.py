@@ -16,18 +16,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from batchlens.admin_api import (
-    ADMISSION_PATH,
-    BATCH_PATH,
-    CACHE_RESET_PATH,
-    INFO_PATH,
-    SIGNED_SCHEME,
-    AdminAuth,
-    AdminError,
-    BatchState,
-    PodIdentity,
-    admin_headers,
-)
+from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, AdminError, BatchState
+from batchlens.admin_auth import SIGNED_SCHEME, AdminAuth, PodIdentity, admin_headers
 
 
 def accepted(

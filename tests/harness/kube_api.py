@@ -23,7 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from batchlens.admin_api import PodIdentity
+from batchlens.admin_auth import PodIdentity
 from harness.admin import accepted
 from harness.procs import free_port
 

@@ -16,7 +16,8 @@ from concurrent.futures import Executor
 
 from pydantic import ValidationError
 
-from batchlens.admin_api import BATCH_PATH, SIGNED_401_HINT, BatchState, admin_headers
+from batchlens.admin_api import BATCH_PATH, BatchState
+from batchlens.admin_auth import SIGNED_401_HINT, admin_headers
 from batchlens.config import Engine, mask_url
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
 from batchlens.exporter.http_get import HttpGetter

@@ -14,16 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from batchlens.admin_api import (
-    ADMISSION_PATH,
-    BATCH_PATH,
-    CACHE_RESET_PATH,
-    SIGNED_401_HINT,
-    AdmissionState,
-    BatchState,
-    CacheReset,
-    admin_headers,
-)
+from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, AdmissionState, BatchState, CacheReset
+from batchlens.admin_auth import SIGNED_401_HINT, admin_headers
 from batchlens.config import mask_url
 
 HINTS = {

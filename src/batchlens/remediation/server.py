@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
 
 from batchlens import __version__
-from batchlens.admin_api import bearer_matches
+from batchlens.admin_auth import bearer_matches
 from batchlens.config import Config, parse_listen
 from batchlens.control.live import UNSET, Controller
 from batchlens.discovery.kubernetes import PodLister

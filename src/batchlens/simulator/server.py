@@ -27,19 +27,17 @@ from batchlens.admin_api import (
     BATCH_PATH,
     CACHE_RESET_PATH,
     INFO_PATH,
-    AdminAuth,
     AdminError,
     AdminInfo,
     AdmissionState,
     BatchState,
     CacheReset,
     combine,
-    own_pod,
     parse_admission,
     parse_update,
-    refuse_encoded,
     retry_after,
 )
+from batchlens.admin_auth import AdminAuth, own_pod, refuse_encoded
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import run_app
 from batchlens.queued_caps import PRIORITY_HEADER, door_priority, plugin_refusal, priority_class, refusal, refusal_body

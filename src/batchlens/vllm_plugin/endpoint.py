@@ -29,20 +29,17 @@ from batchlens.admin_api import (
     INFO_PATH,
     MAX_BODY_BYTES,
     TOKEN_ENV,
-    AdminAuth,
     AdminError,
     AdminInfo,
     AdmissionState,
     BatchState,
     CacheReset,
-    PodIdentity,
     combine,
-    own_pod,
     parse_admission,
     parse_update,
-    refuse_encoded,
     retry_after,
 )
+from batchlens.admin_auth import AdminAuth, PodIdentity, own_pod, refuse_encoded
 from batchlens.queued_caps import plugin_refusal
 from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
