@@ -46,6 +46,8 @@ SIGNED_401_HINT = (
     f"batchlens calls it by ({POD_NAME_ENV}, {POD_NAMESPACE_ENV})? A plugin from before signed calls wants "
     "admin_auth: bearer"
 )
+#: What a caller's 503 may mean: for its log line, after the server's own reason.
+UNAVAILABLE_HINT = "a server without BATCHLENS_ADMIN_TOKEN answers 503, and one not yet started"
 _AUTH_HELP = f"sign the request ({SIGNED_SCHEME}, as batchlens does) or send 'Authorization: Bearer <token>'"
 
 

@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 from pydantic import ValidationError
 
 from batchlens.admin_api import BATCH_PATH, BatchState
-from batchlens.admin_auth import SIGNED_401_HINT, admin_headers
+from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
 from batchlens.config import Engine, mask_url
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
 from batchlens.exporter.http_get import HttpGetter
@@ -108,7 +108,7 @@ class VllmSource:
                 source = self.engine.admin_token_source
                 hint = f" (does {source} hold the server's BATCHLENS_ADMIN_TOKEN? {SIGNED_401_HINT})"
             elif exc.reason == "http_503":
-                hint = " (a server without BATCHLENS_ADMIN_TOKEN answers 503, and one not yet started)"
+                hint = f" ({UNAVAILABLE_HINT})"
             return (f"admin_{exc.reason}", f"admin API: {exc}{hint}")
         except ValidationError as exc:
             return ("admin_invalid", f"admin API {mask_url(url)} answered an unexpected body: {exc.errors()[0]['msg']}")

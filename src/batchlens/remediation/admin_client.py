@@ -2,7 +2,8 @@
 
 Every failure (refused, timed out, 401, 503, a body that is not the contract)
 becomes an :class:`AdminCallError` with a short reason for the metrics and a
-message for the log. The token is sent, never logged.
+message for the log. The token signs each call (it is sent only with admin_auth: bearer), and is
+never logged.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, AdmissionState, BatchState, CacheReset
-from batchlens.admin_auth import SIGNED_401_HINT, admin_headers
+from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
 from batchlens.config import mask_url
 
 HINTS = {
     401: f" (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's? "
     f"{SIGNED_401_HINT})",
-    503: " (a server without BATCHLENS_ADMIN_TOKEN answers 503, and one not yet started)",
+    503: f" ({UNAVAILABLE_HINT})",
     404: (
         " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens? Before vLLM 0.32 also "
         "--middleware batchlens.vllm_plugin.middleware.AdminMiddleware, docs/compatibility.md)"
