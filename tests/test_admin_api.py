@@ -24,12 +24,7 @@ from batchlens.queued_caps import (
     refusal,
     refusal_body,
 )
-
-
-def status(fn, *args) -> int:
-    with pytest.raises(AdminError) as raised:
-        fn(*args)
-    return raised.value.status
+from harness.admin import refused_with
 
 
 @pytest.mark.parametrize(
@@ -41,7 +36,7 @@ def status(fn, *args) -> int:
      b'{"max_num_active_seqs": 4}' + b" " * 5000, b"[" * 2000 + b"]" * 2000],  # nested past Python's recursion
 )  # fmt: skip
 def test_bad_bodies_are_400(body: bytes) -> None:
-    assert status(parse_update, body, 32) == 400
+    assert refused_with(parse_update, body, 32) == 400
 
 
 def test_a_good_body_gives_its_limit() -> None:
@@ -64,7 +59,7 @@ def test_data_parallel_engines_combine_into_one_state() -> None:
     )
     assert (state.max_num_seqs, state.max_num_active_seqs, state.num_running, state.num_waiting) == (32, 8, 13, 3)
     assert [e.engine for e in state.engines] == [0, 1]
-    assert status(combine, []) == 503
+    assert refused_with(combine, []) == 503
 
 
 @pytest.mark.parametrize(

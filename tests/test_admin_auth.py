@@ -19,12 +19,7 @@ from batchlens.admin_auth import (
     own_pod,
     refuse_encoded,
 )
-
-
-def status(fn, *args) -> int:
-    with pytest.raises(AdminError) as raised:
-        fn(*args)
-    return raised.value.status
+from harness.admin import refused_with
 
 
 def check(auth: AdminAuth, header, method: str = "GET", path: str = BATCH_PATH, body: bytes = b"", now=None) -> None:
@@ -32,9 +27,9 @@ def check(auth: AdminAuth, header, method: str = "GET", path: str = BATCH_PATH, 
 
 
 def test_no_token_configured_is_503_whatever_the_request_says() -> None:
-    assert status(check, AdminAuth(None), "Bearer anything") == 503
-    assert status(check, AdminAuth(""), None) == 503
-    assert status(check, AdminAuth(None), admin_headers("x", "GET", BATCH_PATH)["Authorization"]) == 503
+    assert refused_with(check, AdminAuth(None), "Bearer anything") == 503
+    assert refused_with(check, AdminAuth(""), None) == 503
+    assert refused_with(check, AdminAuth(None), admin_headers("x", "GET", BATCH_PATH)["Authorization"]) == 503
 
 
 # "\udcff": the surrogate aiohttp hands on for a header byte that is not UTF-8 (it answered 500, with a traceback)
@@ -45,7 +40,7 @@ def test_no_token_configured_is_503_whatever_the_request_says() -> None:
      f"{SIGNED_SCHEME} s3cret"],
 )  # fmt: skip
 def test_a_missing_or_wrong_token_is_401(header) -> None:
-    assert status(check, AdminAuth("s3cret"), header) == 401
+    assert refused_with(check, AdminAuth("s3cret"), header) == 401
 
 
 def test_the_right_token_passes_in_any_scheme_case() -> None:
@@ -62,13 +57,14 @@ def test_a_signed_call_carries_no_token_and_holds_only_for_what_was_signed() -> 
     check(AdminAuth("s3cret"), header, "PUT", BATCH_PATH, body, now=1000)  # a proxy's path prefix is no part
     for method, path, sent in (("PUT", BATCH_PATH, b'{"max_num_active_seqs": 1}'), ("GET", BATCH_PATH, b""),
                                ("PUT", ADMISSION_PATH, body)):  # fmt: skip
-        assert status(check, AdminAuth("s3cret"), header, method, path, sent, 1000) == 401
-    assert status(check, AdminAuth("other"), header, "PUT", BATCH_PATH, body, 1000) == 401
+        assert refused_with(check, AdminAuth("s3cret"), header, method, path, sent, 1000) == 401
+    assert refused_with(check, AdminAuth("other"), header, "PUT", BATCH_PATH, body, 1000) == 401
 
 
 def test_a_signature_is_taken_once_within_the_skew_and_never_outside_it() -> None:
     auth, header = AdminAuth("s3cret"), admin_headers("s3cret", "GET", BATCH_PATH, now=1000)["Authorization"]
-    assert status(check, auth, header, "GET", BATCH_PATH, b"", 1000 - SIGNATURE_MAX_SKEW_SECONDS - 1) == 401  # ahead
+    ahead = 1000 - SIGNATURE_MAX_SKEW_SECONDS - 1  # the server's clock behind the signer's by more than the skew
+    assert refused_with(check, auth, header, "GET", BATCH_PATH, b"", ahead) == 401
     check(auth, header, now=1000 + SIGNATURE_MAX_SKEW_SECONDS)  # the clocks may disagree this much
     with pytest.raises(AdminError, match="replay"):
         check(auth, header, now=1000 + SIGNATURE_MAX_SKEW_SECONDS)
@@ -134,7 +130,7 @@ def test_a_clock_stepped_back_does_not_bring_a_forgotten_signature_back() -> Non
 
 def test_a_compressed_body_is_refused_as_the_signature_covers_the_bytes_sent() -> None:
     refuse_encoded(None), refuse_encoded("identity")
-    assert status(refuse_encoded, "gzip") == 400
+    assert refused_with(refuse_encoded, "gzip") == 400
 
 
 def test_errors_never_echo_the_token() -> None:

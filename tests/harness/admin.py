@@ -16,8 +16,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import pytest
+
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, AdminError, BatchState
 from batchlens.admin_auth import SIGNED_SCHEME, AdminAuth, PodIdentity, admin_headers
+
+
+def refused_with(fn, *args) -> int:
+    """The status of the AdminError that ``fn(*args)`` raises (it must raise one)."""
+    with pytest.raises(AdminError) as raised:
+        fn(*args)
+    return raised.value.status
 
 
 def accepted(
