@@ -490,6 +490,11 @@ class Routing(_Section):
     def _exporter_url(cls, value: str) -> str:
         return http_url(value, "http://127.0.0.1:9400")
 
+    @field_validator("trusted_key_hashes")
+    @classmethod
+    def _hashes(cls, value: list[str]) -> list[str]:
+        return [h.lower() for h in value]  # hex in either case; LiteLLM's is lower case
+
     @field_validator("proxy_url")
     @classmethod
     def _proxy_url(cls, value: str) -> str:

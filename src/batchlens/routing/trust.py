@@ -61,7 +61,7 @@ def is_trusted(caller: Caller, rules: Routing) -> bool:
     if rules.trust_clients or caller.admin:
         return True
     trusted_key = not caller.team_key and caller.key_alias in rules.trusted_keys
-    hashed = caller.key_hash is not None and caller.key_hash.lower() in {h.lower() for h in rules.trusted_key_hashes}
+    hashed = caller.key_hash is not None and caller.key_hash.lower() in rules.trusted_key_hashes
     return trusted_key or hashed or bool(caller.teams & set(rules.trusted_teams))
 
 
