@@ -15,7 +15,7 @@ import asyncio
 import base64
 import contextlib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import h11
@@ -49,15 +49,19 @@ class HttpGetter:
         self._idle: dict[Origin, list[_Connection]] = {}
         self._tls: ssl.SSLContext | None = None
 
-    async def text(self, url: str, *, timeout: float, limit: int, headers: Mapping[str, str] | None = None) -> str:
+    async def text(self, url: str, *, timeout: float, limit: int,
+                   headers: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None) -> str:  # fmt: skip
         """GET ``url`` and return its 200 body as UTF-8 text, or raise :class:`SourceError`.
 
         The body is abandoned as soon as it passes ``limit`` bytes, so a huge (or endless)
-        reply costs at most that much memory.
+        reply costs at most that much memory. ``headers`` may be a function, called for each
+        attempt: a signed admin call is signed afresh where a kept-alive connection turned out
+        closed and the GET goes again, since the server takes each signature once.
         """
         shown = mask_url(url)  # every message below is logged: never a password of the URL
+        make_headers = headers if callable(headers) else lambda: headers or {}
         try:
-            body = await asyncio.wait_for(self._get(url, dict(headers or {}), limit), timeout)
+            body = await asyncio.wait_for(self._get(url, make_headers, limit), timeout)
         except TimeoutError:
             raise SourceError("timeout", f"GET {shown} took longer than {timeout:g}s") from None
         except SourceError as exc:
@@ -67,28 +71,15 @@ class HttpGetter:
         except UnicodeDecodeError as exc:
             raise SourceError("parse", f"GET {shown}: body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
-    async def _get(self, url: str, headers: dict[str, str], limit: int) -> bytes:
+    async def _get(self, url: str, make_headers: Callable[[], Mapping[str, str]], limit: int) -> bytes:
         parts = urlsplit(url)
         origin = _origin_of(parts)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        host = parts.netloc.rpartition("@")[2]
-        if parts.username is not None and "authorization" not in {k.lower() for k in headers}:
-            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()  # http://user:pass@host
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        try:
-            request = h11.Request(
-                method="GET",
-                target=target,
-                headers=[("Host", host), ("User-Agent", f"batchlens/{__version__}"), *headers.items()],
-            )
-        except h11.LocalProtocolError:  # its message quotes the header: a token with a newline in it (a Secret
-            # made --from-file) would be logged whole
-            raise SourceError("invalid_header", f"GET {url}: a header is not valid HTTP (a token with a newline or "
-                              "a control character in it?); not sent") from None  # fmt: skip
+        request = _request(parts, url, make_headers())
         kept = self._take(origin)
         if kept is not None:
             with contextlib.suppress(_Stale):  # the server closed it meanwhile: once more, on a fresh one
                 return await self._exchange(kept, origin, request, url, limit)
+            request = _request(parts, url, make_headers())  # made afresh: a signature goes on the wire once
         try:
             return await self._exchange(await self._connect(origin, url), origin, request, url, limit)
         except _Stale:
@@ -184,6 +175,25 @@ class HttpGetter:
 
 class _Stale(Exception):
     """The server closed the connection before answering: safe to send a GET again."""
+
+
+def _request(parts: SplitResult, url: str, given: Mapping[str, str]) -> h11.Request:
+    """The GET for ``parts`` with ``given`` headers, and Basic auth from the URL's user where they send none."""
+    headers = dict(given)
+    if parts.username is not None and "authorization" not in {k.lower() for k in headers}:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()  # http://user:pass@host
+        headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.netloc.rpartition("@")[2]
+    try:
+        return h11.Request(
+            method="GET", target=target, headers=[("Host", host), ("User-Agent", f"batchlens/{__version__}"),
+                                                  *headers.items()],
+        )  # fmt: skip
+    except h11.LocalProtocolError:  # its message quotes the header: a token with a newline in it (a Secret
+        # made --from-file) would be logged whole
+        raise SourceError("invalid_header", f"GET {url}: a header is not valid HTTP (a token with a newline or "
+                          "a control character in it?); not sent") from None  # fmt: skip
 
 
 def _origin_of(parts: SplitResult) -> Origin:

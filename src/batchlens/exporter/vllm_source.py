@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Executor
+from functools import partial
 
 from pydantic import ValidationError
 
@@ -97,7 +98,8 @@ class VllmSource:
         url = self.engine.admin_url + BATCH_PATH
         try:
             signed = self.engine.admin_auth == "signed"
-            headers = admin_headers(self._token, "GET", BATCH_PATH, signed=signed, pod=self.engine.pod)
+            # made for each attempt: a signature is taken once, and a GET on a stale connection goes again
+            headers = partial(admin_headers, self._token, "GET", BATCH_PATH, signed=signed, pod=self.engine.pod)
             body = await self._http.text(url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=headers)
             return BatchState.model_validate_json(body)
         except SourceError as exc:
