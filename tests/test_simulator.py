@@ -92,6 +92,20 @@ def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget_and_counted_at
     assert counted == [0, 0, 0, 2000, 2000, 2000, 2000], "vLLM counts a prompt whole, with its first token"
 
 
+def test_a_burst_past_the_token_budget_waits_in_the_queue_as_vllm_keeps_it() -> None:
+    """vLLM's scheduler takes a waiting request only while the step has tokens left for its prefill, so a
+    prefill backlog shows in num_requests_waiting under a limit that does not bind (the door reads its drain
+    rate from such windows)."""
+    e = engine(max_num_batched_tokens=1000)
+    for i in range(6):
+        e.add(SimRequest(f"r{i}", 400, 4, 0.0))
+    first = e.step(0.0)
+    assert first.prefill_tokens == 1000
+    assert len(e.running) == 3 and len(e.waiting) == 3, "the third takes the step's last 200 tokens; three wait"
+    e.step(first.duration)  # two decode tokens and the third's last 200 leave 798: the fourth and 398 of the fifth
+    assert len(e.running) == 5 and len(e.waiting) == 1
+
+
 def test_a_full_kv_cache_preempts_the_newest_request_which_recomputes_and_finishes() -> None:
     e = engine(num_gpu_blocks=40, block_size=16)  # 640 tokens of cache for 4 requests of ~300
     requests = [SimRequest(f"r{i}", 200, 100, 0.0) for i in range(4)]

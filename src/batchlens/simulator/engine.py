@@ -156,12 +156,6 @@ class Engine:
         return victim
 
     def step(self, now: float) -> StepResult:
-        while self.waiting and len(self.running) < self.max_num_active_seqs:
-            request = self.waiting.popleft()
-            if request.admitted_at is None:
-                request.admitted_at = now
-            self.running.append(request)
-
         budget = self.max_num_batched_tokens
         plan: dict[str, tuple[SimRequest, int]] = {}
         preempted = 0
@@ -182,6 +176,8 @@ class Engine:
             else:
                 plan[request.id] = (request, want)
                 budget -= want
+        if not preempted:
+            self._admit(now, budget, plan)
         plan_items = list(plan.values())
 
         prefill = sum(n for r, n in plan_items if r.in_prefill)
@@ -212,6 +208,23 @@ class Engine:
         return StepResult(
             now, duration, prefill + decode, prefill, decode, bytes_read, tuple(produced), tuple(finished), preempted
         )
+
+    def _admit(self, now: float, budget: int, plan: dict[str, tuple[SimRequest, int]]) -> None:
+        """Waiting requests into the batch, as vLLM's scheduler takes them: after the running ones, only while
+        the step has tokens left to start their prefill and the cache has room, and not in a step that preempted.
+        So a burst's prompts wait in the queue until prefill reaches them, and the waiting gauge shows a prefill
+        backlog as vLLM's does, not only a batch at its limit (the door reads its drain rate from such windows)."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_active_seqs:
+            request = self.waiting[0]
+            want = min(request.tokens - request.computed, budget)
+            if not self._grow(request, request.computed + want):
+                return  # no room in the cache: it waits for a running request to finish
+            self.waiting.popleft()
+            if request.admitted_at is None:
+                request.admitted_at = now
+            self.running.append(request)
+            plan[request.id] = (request, want)
+            budget -= want
 
     def kv_bytes_read(self, cached_tokens: int, batch: int) -> float:
         """KV bytes attention reads in one step (see ModelProfile.kv_reread_batch)."""
