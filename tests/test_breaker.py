@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -124,7 +125,8 @@ def test_recovery_steps_by_one_below_ten_and_never_passes_the_capacity_the_engin
 def test_a_tick_outside_recovery_never_acts_whatever_else_the_state_holds() -> None:
     for state in (EngineState(mode="tripped", recovering_since=0.0, target_limit=4, original_limit=8),
                   EngineState(mode="closed", recovering_since=0.0, target_limit=4, original_limit=8)):  # fmt: skip
-        decision = on_tick(state, now=10_000, settings=SETTINGS)
+        # within the silence (the hook has listened for a minute): only silence itself ends an episode unheard
+        decision = on_tick(state, now=10_000, settings=SETTINGS, listening_since=10_000 - 60)
         assert decision.action == "none" and decision.state == state
 
 
@@ -174,6 +176,10 @@ def test_an_open_breaker_that_hears_no_firing_for_the_silence_takes_its_episode_
     back = 100 + 2 * silence
     assert on_tick(saved, now=back + 60, settings=SETTINGS, listening_since=back).action == "none"
     assert on_tick(saved, now=back + silence, settings=SETTINGS, listening_since=back).state.mode == "recovering"
+    # ... and one saved with neither time, from when the hook began to listen: it is never open for good
+    bare = replace(saved, last_action_at=None)
+    assert on_tick(bare, now=back + silence - 1, settings=SETTINGS, listening_since=back).action == "none"
+    assert on_tick(bare, now=back + silence, settings=SETTINGS, listening_since=back).state.mode == "recovering"
 
 
 def test_overload_holds_the_limit_counts_no_strike_and_pages_capacity_once() -> None:

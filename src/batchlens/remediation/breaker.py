@@ -196,8 +196,9 @@ def on_tick(state: EngineState, *, now: float, settings: Settings, listening_sin
     """``listening_since``: when the hook began to take the engine's deliveries (its start, or the engine joining):
     before, Alertmanager's repeats went unheard, and that is no silence."""
     heard = state.firing_seen_at if state.firing_seen_at is not None else state.last_action_at  # saved before the field
-    quiet = None if heard is None else now - max(heard, listening_since)
-    if quiet is not None and quiet >= settings.firing_silence_seconds:
+    # Neither saved (a store written by hand, or by no release of ours): silence counts from when the hook listened.
+    quiet = now - max(listening_since if heard is None else heard, listening_since)
+    if quiet >= settings.firing_silence_seconds:
         silence = (f"no firing delivery for {quiet:.0f} s (breaker.firing_silence_seconds): the episode is "
                    "taken for over, its resolution lost")  # fmt: skip
         if state.mode in ("tripped", "cold_start"):
