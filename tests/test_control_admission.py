@@ -40,6 +40,10 @@ def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str
     assert saturated(busy, 2.0) == Saturated(2.0, 2000, finished_per_second=5.0)
     assert saturated(window(sample(0, 1000, 0), sample(2, 5000, 0)), 2.0) is None  # the arrivals, not capacity
     assert saturated(window(sample(0, 1000, 3), sample(2, 1000, 3)), 2.0) is None  # waiting, nothing prefilled
+    # A queue at one end only: a burst's prompts waiting a step for the token budget as the sample was taken
+    # (vLLM keeps them in its waiting queue), after a window that prefilled only what arrived.
+    assert saturated(window(sample(0, 1000, 0), sample(2, 5000, 3)), 2.0) is None
+    assert saturated(window(sample(0, 1000, 3), sample(2, 5000, 0)), 2.0) is None
     # Nobody waiting at the sample, but the door refused some in the window: it is holding the queue down, and
     # the window measures the engine as much as one with a queue (else the door opens on an overloaded engine).
     refusing = window(sample(0, 1000, 0), sample(2, 5000, 0, finished=10, rejected=4))

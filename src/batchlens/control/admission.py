@@ -6,10 +6,11 @@ backlog that cannot drain in time. vLLM refuses a request once the prompts still
 within its TTFT on average (vLLM's own advice for that flag). This module computes that cap, tick by tick,
 wide enough that what the door refuses would have missed its TTFT (:func:`spread`):
 
-- Prefill throughput is read only from windows where requests were waiting, or refused at the door. Then the
-  engine prefills as fast as it admits, and the prompt tokens per second are the rate at which the queue
-  drains. In a window with nothing waiting and nothing refused they are only the arrival rate, which says
-  nothing of capacity.
+- Prefill throughput is read only from windows where requests were waiting at both ends, or refused at the
+  door. Then the engine prefills as fast as it admits, and the prompt tokens per second are the rate at which
+  the queue drains. In a window with nothing waiting and nothing refused they are only the arrival rate, which
+  says nothing of capacity; nor in one whose queue was a burst's prompts waiting a step for the token budget
+  as the sample was taken (vLLM keeps those in its waiting queue too).
 - The estimate is the median of the recent saturated windows, so one noisy window moves nothing.
 - The drain is not steady. A batch at its limit takes a waiting request in only as a running one finishes,
   and finishes come at random: the cap is the ``confidence`` quantile of what drains within a TTFT, not its
@@ -50,11 +51,16 @@ class Saturated:
 
 
 def saturated(window: Window, at: float) -> Saturated | None:
-    """The window's prefill rate, where it measures the engine: some prefill done, with requests waiting or
-    refused at the door. Refusals count as much as a queue: with the door in force it keeps the queue short, and
-    a window whose sample found nobody waiting would otherwise not count, the estimate would run out of windows,
-    and the door would open on an engine still overloaded (seen: the breaker then halved to a cold start)."""
-    if (window.waiting <= 0 and window.rejected_per_second <= 0) or not 0 < window.prompt_tokens_per_second < math.inf:
+    """The window's prefill rate, where it measures the engine: some prefill done, with requests waiting at
+    its start and at its end, or refused at the door. A queue seen at one end only is a moment's: on the Azure
+    code trace a burst's prompts, seen waiting for the next step's token budget, made a door whose cap rested
+    on the arrival rate, and 82% of what it shed would have made its TTFT.
+
+    Refusals count as much as a queue: with the door in force it keeps the queue short, and a window whose
+    sample found nobody waiting would otherwise not count, the estimate would run out of windows, and the door
+    would open on an engine still overloaded (seen: the breaker then halved to a cold start)."""
+    queued = window.waiting > 0 and window.waiting_before > 0
+    if (not queued and window.rejected_per_second <= 0) or not 0 < window.prompt_tokens_per_second < math.inf:
         return None
     if not math.isfinite(window.finished_per_second):  # a broken reading (read_sample refuses one live)
         return None

@@ -162,6 +162,7 @@ class Window:
     prompt_tokens_per_second: float = 0.0  # prefilled; with requests waiting, the rate the queue drains at
     rejected_per_second: float = 0.0  # refused at the door
     arrived_per_second: float = 0.0  # finished + refused + the change in running and waiting: what was asked
+    waiting_before: float = 0.0  # the waiting gauge at the window's start
 
     @property
     def shed_share(self) -> float:
@@ -197,4 +198,5 @@ def window(earlier: EngineSample, later: EngineSample) -> Window:
         rejected_per_second=max(later.rejected - earlier.rejected, 0.0) / seconds,
         arrived_per_second=max(later.finished - earlier.finished + later.rejected - earlier.rejected
                                + later.running + later.waiting - earlier.running - earlier.waiting, 0.0) / seconds,
+        waiting_before=earlier.waiting,
     )  # fmt: skip
