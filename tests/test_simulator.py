@@ -106,6 +106,17 @@ def test_a_burst_past_the_token_budget_waits_in_the_queue_as_vllm_keeps_it() -> 
     assert len(e.running) == 5 and len(e.waiting) == 1
 
 
+def test_a_waiting_request_is_let_in_only_where_the_cache_holds_its_whole_prompt() -> None:
+    """vLLM 0.32's scheduler_reserve_full_isl: a first chunk that fits is not enough."""
+    e = engine(num_gpu_blocks=40, block_size=16, max_num_batched_tokens=256)  # 640 tokens of cache
+    e.add(SimRequest("first", 400, 50, 0.0))
+    e.step(0.0)  # its first 256 tokens, 16 blocks
+    e.add(SimRequest("second", 300, 50, 0.0))  # 19 blocks; its first chunk, 112 tokens, would take 7
+    e.step(1.0)  # the first's last 144 tokens: 25 blocks held, 15 free
+    assert [r.id for r in e.waiting] == ["second"] and e.waiting[0].blocks == 0 and e.free_blocks == 15
+    assert e.preemptions == 0
+
+
 def test_a_full_kv_cache_preempts_the_newest_request_which_recomputes_and_finishes() -> None:
     e = engine(num_gpu_blocks=40, block_size=16)  # 640 tokens of cache for 4 requests of ~300
     requests = [SimRequest(f"r{i}", 200, 100, 0.0) for i in range(4)]

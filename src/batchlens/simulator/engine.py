@@ -2,12 +2,13 @@
 
 Each :meth:`Engine.step` is one scheduler iteration, as in vLLM:
 
-1. **Admission.** Waiting requests enter the running batch, oldest first, while
-   fewer than ``max_num_active_seqs`` run (batchlens' admission limit, at most
-   ``max_num_seqs``).
-2. **Token budget.** Every running request in decode gets one token; requests
+1. **Token budget.** Every running request in decode gets one token; requests
    still in prefill share what is left of ``max_num_batched_tokens`` (chunked
    prefill).
+2. **Admission.** Then waiting requests enter the running batch, oldest first,
+   while fewer than ``max_num_active_seqs`` run (batchlens' admission limit, at
+   most ``max_num_seqs``), the step has tokens left for their prefill and the
+   cache has room for their whole sequence.
 3. **Paged KV cache.** A request holds ceil(tokens / block_size) blocks. When a
    block cannot be had, the newest running request is preempted: its blocks
    are freed and it returns to the head of the queue, to recompute its prompt
@@ -176,8 +177,7 @@ class Engine:
             else:
                 plan[request.id] = (request, want)
                 budget -= want
-        if not preempted:
-            self._admit(now, budget, plan)
+        self._admit(now, budget, plan)
         plan_items = list(plan.values())
 
         prefill = sum(n for r, n in plan_items if r.in_prefill)
@@ -211,13 +211,18 @@ class Engine:
 
     def _admit(self, now: float, budget: int, plan: dict[str, tuple[SimRequest, int]]) -> None:
         """Waiting requests into the batch, as vLLM's scheduler takes them: after the running ones, only while
-        the step has tokens left to start their prefill and the cache has room, and not in a step that preempted.
-        So a burst's prompts wait in the queue until prefill reaches them, and the waiting gauge shows a prefill
-        backlog as vLLM's does, not only a batch at its limit (the door reads its drain rate from such windows)."""
+        the step has tokens left to start their prefill. So a burst's prompts
+        wait in the queue until prefill reaches them, and the waiting gauge shows a prefill backlog as vLLM's
+        does, not only a batch at its limit (the door reads its drain rate from such windows). A request is let
+        in only where the cache holds its whole sequence, not only its first chunk (vLLM 0.32's default
+        ``scheduler_reserve_full_isl``): else a long prompt let in on a nearly full cache is preempted again.
+        vLLM also lets none in during a step that preempted; here the one preempted heads the queue and does not
+        fit, so none would be."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_active_seqs:
             request = self.waiting[0]
             want = min(request.tokens - request.computed, budget)
-            if not self._grow(request, request.computed + want):
+            whole = self._blocks_for(request.tokens) - request.blocks
+            if whole > self.free_blocks or not self._grow(request, request.computed + want):
                 return  # no room in the cache: it waits for a running request to finish
             self.waiting.popleft()
             if request.admitted_at is None:
