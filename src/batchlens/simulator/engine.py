@@ -211,13 +211,12 @@ class Engine:
 
     def _admit(self, now: float, budget: int, plan: dict[str, tuple[SimRequest, int]]) -> None:
         """Waiting requests into the batch, as vLLM's scheduler takes them: after the running ones, only while
-        the step has tokens left to start their prefill. So a burst's prompts
-        wait in the queue until prefill reaches them, and the waiting gauge shows a prefill backlog as vLLM's
-        does, not only a batch at its limit (the door reads its drain rate from such windows). A request is let
-        in only where the cache holds its whole sequence, not only its first chunk (vLLM 0.32's default
-        ``scheduler_reserve_full_isl``): else a long prompt let in on a nearly full cache is preempted again.
-        vLLM also lets none in during a step that preempted; here the one preempted heads the queue and does not
-        fit, so none would be."""
+        the step has tokens left to start their prefill. So a burst's prompts wait in the queue until prefill
+        reaches them, and the waiting gauge shows a prefill backlog as vLLM's does, not only a batch at its limit
+        (the door reads its drain rate from such windows). A request is let in only where the cache holds its
+        whole sequence, not only its first chunk (vLLM 0.32's default ``scheduler_reserve_full_isl``): else a
+        long prompt let in on a nearly full cache is preempted again. vLLM also lets none in during a step that
+        preempted; here the one preempted heads the queue and does not fit, so none would be."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_active_seqs:
             request = self.waiting[0]
             want = min(request.tokens - request.computed, budget)
