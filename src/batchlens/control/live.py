@@ -72,8 +72,7 @@ class Controller:
         saved = store.controls()
         self.states = {name: saved.get(name, Steering()) for name in self._urls}
         if not config.control.admission:  # a cap stored by an earlier run with the door on is no reference now
-            self.states = {name: replace(s, cap=None, cap_seen=False, cap_manual_until=0.0, cap_sent=None,
-                                         cap_sent_seen=False) for name, s in self.states.items()}  # fmt: skip
+            self.states = {name: s.without_door() for name, s in self.states.items()}
         self._started = started = clock()
         for name, state in self.states.items():
             if state.manual_until > started:  # a restart must not hide that a hand still holds the knob

@@ -61,6 +61,11 @@ class Steering:
         tick and is learned again in a minute, so the controller saves it only now and then (MODEL_SAVE_SECONDS)."""
         return self if self.law is None else replace(self, law=replace(self.law, capacity=None))
 
+    def without_door(self) -> Steering:
+        """All but what it keeps of the door: with admission off, a cap stored by a run with it on is no
+        reference."""
+        return replace(self, **{k: _BLANK[k] for k in _DOOR})
+
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
         law = {} if self.law is None else asdict(self.law)  # the peak and the capacity model too, as dicts
@@ -89,6 +94,7 @@ class Steering:
 
 _LAW = tuple(f.name for f in fields(State) if f.name not in ("peak", "capacity"))
 _DOOR = ("cap", "cap_seen", "cap_manual_until", "cap_sent", "cap_sent_seen")
+_BLANK = {f.name: f.default for f in fields(Steering)}
 
 
 @dataclass(frozen=True)
