@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from dataclasses import replace
 from random import Random
@@ -79,11 +80,26 @@ def test_a_nan_or_infinite_figure_is_no_sample(vllm_exposition: str, series: str
         read_sample("\n".join(lines) + "\n", time=10.0)
 
 
-def test_vllms_nan_kv_usage_before_it_has_blocks_is_no_usage(vllm_exposition: str) -> None:
+@pytest.mark.parametrize("le", ["abc", "NaN"])
+def test_a_bucket_with_no_bound_is_no_sample(vllm_exposition: str, le: str) -> None:
+    """A ValueError of float() would escape the tick (and leave the door's cap in force); a NaN bound would make
+    every percentile NaN. Either is a reading that fails, counted as one that does not parse."""
+    lines = vllm_exposition.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("vllm:time_to_first_token_seconds_bucket{"))
+    lines[at] = re.sub(r'le="[^"]*"', f'le="{le}"', lines[at])
+    with pytest.raises(NotFinite, match=f"le='{le}'"):
+        read_sample("\n".join(lines) + "\n", time=10.0)
+
+
+@pytest.mark.parametrize("cores", [("NaN",), ("NaN", "0.9"), ("0.9", "NaN")])
+def test_vllms_nan_kv_usage_before_it_has_blocks_is_no_usage(vllm_exposition: str, cores: tuple[str, ...]) -> None:
+    """A core at NaN is a core with no blocks yet: it neither hides another core's usage nor reads as any."""
     lines = vllm_exposition.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("vllm:kv_cache_usage_perc{"))
-    lines[at] = lines[at].rsplit(" ", 1)[0] + " NaN"
-    assert read_sample("\n".join(lines) + "\n", time=10.0).kv_usage == 0.0, "a starting engine is steered"
+    series = lines[at].rsplit(" ", 1)[0]
+    lines[at : at + 1] = [series.replace('engine="0"', f'engine="{n}"') + " " + usage for n, usage in enumerate(cores)]
+    want = 0.0 if len(cores) == 1 else 0.9
+    assert read_sample("\n".join(lines) + "\n", time=10.0).kv_usage == want, "a starting engine is steered"
 
 
 TUNING = Tuning(min_limit=2, max_limit=64, drain_seconds=5.0)

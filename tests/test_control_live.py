@@ -23,7 +23,7 @@ import pytest
 from batchlens.config import Config
 from batchlens.control.law import State
 from batchlens.control.live import UNSET, Controller
-from batchlens.control.signals import Histogram, Window
+from batchlens.control.signals import Histogram, Window, read_sample
 from batchlens.control.steering import Steering, Tick
 from batchlens.control.steering import steer as live_steer
 from batchlens.exporter.sampler import SourceError
@@ -360,6 +360,59 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         sim.stop()
 
 
+@pytest.mark.parametrize("fault", ["engine core", "unforeseen answer", "hanging cap route"])
+def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) -> None:
+    # A cap batchlens set from figures long gone, on the simulator's admission route over real HTTP. Fault
+    # boundaries: the admin batch GET (AdminClient.get), the /metrics read (Controller._fetch) and the cap read
+    # (AdminClient.admission) fail or hang on cue.
+    sim = SimulatorProcess(tmp_path)
+    engine = EngineAdmin(sim.url, sim.token)
+    control = {"enabled": True, "admission": True, "timeout_seconds": 0.5}
+    config = Config.model_validate({"engines": [{"name": "sim", "url": sim.url}], "control": control})
+    c = Controller(config, Store(tmp_path / "hook.db"), admins={}, clock=lambda: 0)
+
+    async def tick() -> float:
+        async with aiohttp.ClientSession() as session:
+            c._admins = {"sim": AdminClient(session, sim.url, sim.token)}
+            if fault == "engine core":  # the API server answers, its engine core does not (the plugin's 504)
+
+                async def get():
+                    raise AdminCallError("http_504", "the engine core did not answer")
+
+                c._admins["sim"].get = get
+            elif fault == "unforeseen answer":
+
+                async def fetch(name: str) -> str:
+                    raise RuntimeError("nobody foresaw this")
+
+                c._fetch = fetch
+            else:
+
+                async def admission():
+                    await asyncio.sleep(60)
+
+                c._admins["sim"].admission = admission
+            started = time.monotonic()
+            await c._tick_one("sim", 2000, {"sim": EngineState(applied_limit=64)})
+            took = time.monotonic() - started
+        await c._http.aclose()
+        return took
+
+    try:
+        set_caps(engine, max_num_queued_tokens=3000)
+        c._door("sim", cap=3000, cap_seen=True)
+        took = asyncio.run(tick())
+        cap = engine.request("GET", "/batchlens/v1/admission")[1]["max_num_queued_tokens"]
+        door = {reason: n for (_, reason), n in c.decisions.items() if reason.startswith("admission_")}
+        if fault == "hanging cap route":
+            assert took < 5 and door == {"admission_error": 1}, "a hanging cap route holds the tick past its timeout"
+        else:
+            assert cap is None, "the cap stayed in force on figures long gone: the door failed shut"
+            assert c.decisions[("sim", "no_signal")] == 1 and door == {"admission_no_signal": 1}
+    finally:
+        sim.stop()
+
+
 def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, vllm_exposition) -> None:
     config = Config.model_validate({"engines": [{"name": "a", "url": engine(upstreams, "a", vllm_exposition)}],
                                     "control": {"enabled": True, "interval_seconds": 2}})  # fmt: skip
@@ -375,6 +428,11 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, 
         return started
 
     assert asyncio.run(ticks()) == [True]
+    # Nor does a window across the step count: its length is negative, and its rates would be a billion times over.
+    assert c._remember("a", read_sample(vllm_exposition, 5000.0)) is None  # the first sample: no window yet
+    assert c._remember("a", read_sample(vllm_exposition, 5002.0)).seconds == 2.0
+    assert c._remember("a", read_sample(vllm_exposition, 1000.0)) is None, "a window across the clock's step back"
+    assert c._remember("a", read_sample(vllm_exposition, 1002.0)).seconds == 2.0
 
 
 def test_the_breaker_keeps_the_doors_figures_when_the_admin_api_times_out_under_the_overload(tmp_path) -> None:

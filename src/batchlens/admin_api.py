@@ -27,6 +27,9 @@ MAX_BODY_BYTES = 4096
 # A refusal's Retry-After is at most this: a client told to come back in days never does, and a minute on the
 # backlog and its drain rate have both moved.
 RETRY_AFTER_MAX_SECONDS = 60
+# A cap is at most this: past it no engine queues anything, and a bigger integer (JSON has no bound) overflows the
+# float arithmetic of the sheddable share on vLLM's serving path.
+MAX_QUEUED_CAP = 2**31 - 1
 
 
 Model = TypeVar("Model", bound="BaseModel")
@@ -162,14 +165,16 @@ def parse_admission(body: bytes) -> dict[str, int | None]:
     expected = '{"max_num_queued_tokens": <integer or null>, "max_num_queued_reqs": <integer or null>}'
     update = _body(body, AdmissionUpdate, expected)
     changes = {name: getattr(update, name) for name in update.model_fields_set}
-    if not changes:
-        raise AdminError(400, f"expected {expected}: name at least one cap")
     for name, cap in changes.items():
         if name == "prefill_tokens_per_second":
             if cap is not None and not 0 < cap < float("inf"):
                 raise AdminError(400, f"prefill_tokens_per_second must be above 0, or null, got {cap}")
         elif cap is not None and cap < 1:
             raise AdminError(400, f"{name} must be 1 or more, or null for no cap (0 would refuse every request)")
+        elif cap is not None and cap > MAX_QUEUED_CAP:
+            raise AdminError(400, f"{name} must be at most {MAX_QUEUED_CAP}, or null for no cap, got {cap}")
+    if not changes.keys() - {"prefill_tokens_per_second"}:  # the rate alone changes no cap
+        raise AdminError(400, f"expected {expected}: name at least one cap")
     return changes
 
 

@@ -167,7 +167,8 @@ def check_admission_contract(admin: AdminClient, door: str = "vllm") -> None:
         assert admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_reqs": 1}', token=token)[0] == 401
     bad = [b'{"max_num_queued_reqs": 0}', b'{"max_num_queued_tokens": -1}', b'{"max_num_queued_tokens": 2.5}',
            b'{"max_num_queued_reqs": "4"}', b'{"max_num_queued_reqs": true}', b"{}", b'{"max_num_seqs": 4}',
-           b"not json", b"[[" * 2000, b'{"prefill_tokens_per_second": 0}']  # fmt: skip
+           b"not json", b"[[" * 2000, b'{"prefill_tokens_per_second": 0}', b'{"prefill_tokens_per_second": 9.0}',
+           b'{"max_num_queued_tokens": 1' + b"0" * 400 + b"}"]  # fmt: skip
     for body in bad:
         status, reply = admin.request("PUT", ADMISSION_PATH, body)
         assert status == 400 and reply.get("error"), (body[:40], status, reply)
@@ -175,7 +176,8 @@ def check_admission_contract(admin: AdminClient, door: str = "vllm") -> None:
     assert set_caps(admin, max_num_queued_tokens=4096)["max_num_queued_tokens"] == 4096
     both = set_caps(admin, max_num_queued_reqs=64)  # the other cap stays as it was
     assert (both["max_num_queued_tokens"], both["max_num_queued_reqs"]) == (4096, 64)
-    assert set_caps(admin, prefill_tokens_per_second=2500)["prefill_tokens_per_second"] == 2500  # for Retry-After
+    rated = set_caps(admin, max_num_queued_tokens=4096, prefill_tokens_per_second=2500)  # for Retry-After
+    assert rated["prefill_tokens_per_second"] == 2500
     cleared = set_caps(admin, max_num_queued_tokens=None, max_num_queued_reqs=None, prefill_tokens_per_second=None)
     assert (cleared["max_num_queued_tokens"], cleared["max_num_queued_reqs"]) == (None, None)
     info = admin.request("GET", INFO_PATH)[1]

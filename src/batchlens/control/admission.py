@@ -27,8 +27,13 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
+from batchlens.admin_api import MAX_QUEUED_CAP
 from batchlens.control.signals import Window
+
+# Past this mean a Poisson's quantile is the normal one's to within a request (its skew, 1/sqrt(mean), is 3%).
+NORMAL_FROM = 1000.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ def poisson_quantile(mean: float, p: float) -> int:
 
     Each term in log space: e^-mean underflows to 0 past a mean of about 745 (a busy engine's finishes within a
     TTFT), and a sum of zeros never reaches p."""
+    if mean > NORMAL_FROM:  # the sum below takes ~mean steps, on the hook's event loop
+        return math.ceil(mean + NormalDist().inv_cdf(p) * math.sqrt(mean))
     n, log_term = 0, -mean
     total = math.exp(log_term)
     while total < p and n < 10 * mean + 100:  # the bound only guards a p of 1 against rounding
@@ -92,13 +99,15 @@ def queued_token_cap(history: Sequence[Saturated], now: float, settings: Admissi
     """The cap from the saturated windows seen so far (oldest first)."""
     if not history:
         return CapDecision(None, "no_signal", None)
-    recent = [s for s in history if now - s.at <= settings.stale_seconds]
+    # A window from the future is one from before the wall clock stepped back: as old as it is, unknown.
+    recent = [s for s in history if 0 <= now - s.at <= settings.stale_seconds]
     if not recent:
         return CapDecision(None, "stale", None)
     if len(recent) < settings.min_windows:
         return CapDecision(None, "too_few_windows", None)
     rate = statistics.median(s.prefill_tokens_per_second for s in recent)
-    return CapDecision(max(1, int(settings.ttft_seconds * rate * spread(recent, settings))), "estimated", rate)
+    cap = min(settings.ttft_seconds * rate * spread(recent, settings), MAX_QUEUED_CAP)  # int(inf) raises
+    return CapDecision(max(1, int(cap)), "estimated", rate)
 
 
 def spread(recent: Sequence[Saturated], settings: AdmissionSettings) -> float:

@@ -166,13 +166,15 @@ class Controller:
             async with asyncio.timeout(self.control.timeout_seconds):
                 batch = await self._admins[name].get()
                 sample = read_sample(await self._fetch(name), now)
-        except (TimeoutError, AdminCallError, SourceError, ParseError, NotFinite) as exc:
+        except Exception as exc:  # whatever an engine answers, a failed reading is counted, never fatal
             why = f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)" if isinstance(
                 exc, TimeoutError) else str(exc)  # fmt: skip
+            if not isinstance(exc, (TimeoutError, AdminCallError, SourceError, ParseError, NotFinite)):
+                log.error("%s: an engine's answer the controller cannot read", name, exc_info=exc)
             self._not_steered(name, why)
-            if batch is not None and self._admission is not None:
-                # The admin API answers but /metrics does not: no window to estimate from, and the cap must
-                # still go once its figures are stale (the door fails open, never shut).
+            if self._admission is not None:
+                # No window to estimate from, and the cap must still go once its figures are stale (the door fails
+                # open, never shut): the cap route may answer where the engine core or /metrics does not.
                 await self._admit(name, None, now)
             return
         if self._failing.pop(name, None) is not None:
@@ -210,7 +212,12 @@ class Controller:
         learned of the cap goes to the store, so that a restart (``kill -9``) goes on from it.
         """
         before = self.states[name]
-        await self._door_tick(name, signals, now)
+        try:
+            async with asyncio.timeout(self.control.timeout_seconds):  # a slow cap route must not stall the limit
+                await self._door_tick(name, signals, now)
+        except TimeoutError:
+            self._admission_failed(name, f"its cap route gave no answer within {self.control.timeout_seconds:g} s "
+                                   "(control.timeout_seconds)")  # fmt: skip
         if self.states[name] != before:
             await self.store.run(self.store.save_control, name, self.states[name], now)
 
@@ -253,10 +260,12 @@ class Controller:
         if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
             return
         rate = decision.prefill_tokens_per_second  # the engine's 503s announce the drain time from it
+        # Kept before the PUT, which may land and still fail or time out: then neither the next tick nor a restart
+        # after kill -9 must take the cap it finds for a hand's.
+        self._door(name, cap_sent=decision.cap, cap_sent_seen=True)
         try:
             await self._admins[name].set_admission(max_num_queued_tokens=decision.cap, prefill_tokens_per_second=rate)
         except AdminCallError as exc:
-            self._door(name, cap_sent=decision.cap, cap_sent_seen=True)  # kept: a kill -9 must not take it for a hand
             self._admission_failed(name, f"cannot set its queued-token cap: {exc}")
             return
         why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"
@@ -294,6 +303,8 @@ class Controller:
     def _remember(self, name: str, sample: EngineSample) -> Window | None:
         """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""
         samples = self._samples[name]
+        if samples and sample.time <= samples[-1].time:
+            samples.clear()  # the wall clock stepped back (NTP): a window of negative length has no rates
         previous = samples[-1] if samples else None
         samples.append(sample)
         while len(samples) > 2 and sample.time - samples[1].time >= ESTIMATE_SECONDS:

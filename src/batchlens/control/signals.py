@@ -103,7 +103,7 @@ def read_sample(text: str, time: float) -> EngineSample:
             if series.name.endswith("_bucket"):
                 le = dict(series.labels).get("le")
                 if le is not None:
-                    buckets[series.name.removesuffix("_bucket")][float(le)] += value
+                    buckets[series.name.removesuffix("_bucket")][_bound(series.name, le)] += value
             elif series.name.endswith("_sum"):
                 sums[series.name.removesuffix("_sum")] += value
             else:
@@ -117,19 +117,32 @@ def read_sample(text: str, time: float) -> EngineSample:
         found = buckets[name] if name is not None else {}
         return Histogram(tuple(sorted(found.items())), sums.get(name, 0.0) if name is not None else 0.0)
 
-    kv_usage = first(KV_USAGE, max)
+    # vLLM's KV usage is NaN until an engine core has blocks, which is no usage: a core at NaN must not hide
+    # another's (max() of a list that starts with NaN is NaN).
+    kv_usage = first(KV_USAGE, lambda usages: max((u for u in usages if not math.isnan(u)), default=0.0))
     sample = EngineSample(
-        time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=0.0 if math.isnan(kv_usage) else kv_usage,
+        time=time, running=first(RUNNING), waiting=first(WAITING), kv_usage=kv_usage,
         generated_tokens=first(GENERATED), preemptions=first(PREEMPTIONS), ttft=histogram(TTFT), itl=histogram(ITL),
         finished=first(FINISHED), prompt_tokens=first(PROMPTED), rejected=first(REJECTED),
     )  # fmt: skip
     # The text format allows NaN and +Inf anywhere; in these figures they are a broken engine, and a rate or a
     # cap computed from one is not a number either (int(nan) raises, ceil(inf) overflows). Bar one: vLLM's KV
-    # usage is NaN until the engine has blocks, which is no usage (above).
+    # usage (above).
     for name, value in _figures(sample):
         if not math.isfinite(value):
             raise NotFinite(f"{name} is {value}: the controller reads only finite figures")
     return sample
+
+
+def _bound(name: str, le: str) -> float:
+    """A bucket's upper bound: a number, +Inf for the last, never NaN (a percentile over it is not a number)."""
+    try:
+        bound = float(le)
+    except ValueError:
+        bound = math.nan
+    if math.isnan(bound):
+        raise NotFinite(f"{name} has a bucket le={le!r}: not a bound")
+    return bound
 
 
 class NotFinite(ValueError):
