@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from batchlens.config import Config
+from batchlens.control.admission import Saturated
 from batchlens.control.law import State
 from batchlens.control.live import UNSET, Controller
 from batchlens.control.signals import Histogram, Window, read_sample
@@ -360,7 +361,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         sim.stop()
 
 
-@pytest.mark.parametrize("fault", ["engine core", "unforeseen answer", "hanging cap route"])
+@pytest.mark.parametrize("fault", ["engine core", "unforeseen answer", "hanging cap route", "PUT cut off"])
 def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) -> None:
     # A cap batchlens set from figures long gone, on the simulator's admission route over real HTTP. Fault
     # boundaries: the admin batch GET (AdminClient.get), the /metrics read (Controller._fetch) and the cap read
@@ -370,6 +371,7 @@ def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) 
     control = {"enabled": True, "admission": True, "timeout_seconds": 0.5}
     config = Config.model_validate({"engines": [{"name": "sim", "url": sim.url}], "control": control})
     c = Controller(config, Store(tmp_path / "hook.db"), admins={}, clock=lambda: 0)
+    killed_during_put: list[Controller] = []
 
     async def tick() -> float:
         async with aiohttp.ClientSession() as session:
@@ -386,12 +388,22 @@ def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) 
                     raise RuntimeError("nobody foresaw this")
 
                 c._fetch = fetch
-            else:
+            elif fault == "hanging cap route":
 
                 async def admission():
                     await asyncio.sleep(60)
 
                 c._admins["sim"].admission = admission
+            else:  # the PUT that opens the door lands, and its answer never comes
+                real = c._admins["sim"].set_admission
+
+                async def put(**caps):
+                    await real(**caps)
+                    # A kill -9 now, the PUT landed and unanswered: what a restart would find in the store.
+                    killed_during_put.append(Controller(config, Store(tmp_path / "hook.db"), admins={}))
+                    await asyncio.sleep(60)
+
+                c._admins["sim"].set_admission = put
             started = time.monotonic()
             await c._tick_one("sim", 2000, {"sim": EngineState(applied_limit=64)})
             took = time.monotonic() - started
@@ -406,6 +418,19 @@ def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) 
         door = {reason: n for (_, reason), n in c.decisions.items() if reason.startswith("admission_")}
         if fault == "hanging cap route":
             assert took < 5 and door == {"admission_error": 1}, "a hanging cap route holds the tick past its timeout"
+        elif fault == "PUT cut off":
+            assert took < 5 and cap is None and door == {"admission_no_signal": 1, "admission_error": 1}
+            assert len(killed_during_put) == 1
+
+            async def next_door_tick(hook: Controller) -> None:
+                async with aiohttp.ClientSession() as session:
+                    hook._admins = {"sim": AdminClient(session, sim.url, sim.token)}
+                    await hook._admit("sim", None, 2002)
+                await hook._http.aclose()
+
+            for hook in (c, *killed_during_put):
+                asyncio.run(next_door_tick(hook))
+                assert ("sim", "admission_manual_hold") not in hook.decisions, "its own PUT, cut off, taken for a hand"
         else:
             assert cap is None, "the cap stayed in force on figures long gone: the door failed shut"
             assert c.decisions[("sim", "no_signal")] == 1 and door == {"admission_no_signal": 1}
@@ -431,7 +456,9 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, 
     # Nor does a window across the step count: its length is negative, and its rates would be a billion times over.
     assert c._remember("a", read_sample(vllm_exposition, 5000.0)) is None  # the first sample: no window yet
     assert c._remember("a", read_sample(vllm_exposition, 5002.0)).seconds == 2.0
+    c._saturated["a"].append(Saturated(5002.0, 2000.0))  # the door's, which would count as new from 5002 on
     assert c._remember("a", read_sample(vllm_exposition, 1000.0)) is None, "a window across the clock's step back"
+    assert not c._saturated["a"]
     assert c._remember("a", read_sample(vllm_exposition, 1002.0)).seconds == 2.0
 
 

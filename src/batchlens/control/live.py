@@ -169,7 +169,8 @@ class Controller:
         except Exception as exc:  # whatever an engine answers, a failed reading is counted, never fatal
             why = f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)" if isinstance(
                 exc, TimeoutError) else str(exc)  # fmt: skip
-            if not isinstance(exc, (TimeoutError, AdminCallError, SourceError, ParseError, NotFinite)):
+            foreseen = isinstance(exc, (TimeoutError, AdminCallError, SourceError, ParseError, NotFinite))
+            if not foreseen and self._failing.get(name) != why:  # its traceback once, not every tick
                 log.error("%s: an engine's answer the controller cannot read", name, exc_info=exc)
             self._not_steered(name, why)
             if self._admission is not None:
@@ -260,9 +261,10 @@ class Controller:
         if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
             return
         rate = decision.prefill_tokens_per_second  # the engine's 503s announce the drain time from it
-        # Kept before the PUT, which may land and still fail or time out: then neither the next tick nor a restart
-        # after kill -9 must take the cap it finds for a hand's.
+        # Kept, and stored, before the PUT, which may land and still fail or time out: then neither the next tick
+        # nor a restart after a kill -9 must take the cap it finds for a hand's.
         self._door(name, cap_sent=decision.cap, cap_sent_seen=True)
+        await self.store.run(self.store.save_control, name, self.states[name], now)  # a kill -9 during the PUT
         try:
             await self._admins[name].set_admission(max_num_queued_tokens=decision.cap, prefill_tokens_per_second=rate)
         except AdminCallError as exc:
@@ -283,7 +285,7 @@ class Controller:
         self.decisions[(name, "admission_error")] += 1
         self._door_answers[name] = False
         if self._admission_failing.get(name) != why:
-            log.warning("%s: %s; the batch limit is still steered, the cap retried every %g s", name, why,
+            log.warning("%s: %s; the batch limit does not wait on it, and the cap is retried every %g s", name, why,
                         self.control.interval_seconds)  # fmt: skip
             self._admission_failing[name] = why
 
@@ -304,7 +306,11 @@ class Controller:
         """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""
         samples = self._samples[name]
         if samples and sample.time <= samples[-1].time:
-            samples.clear()  # the wall clock stepped back (NTP): a window of negative length has no rates
+            # The wall clock stepped back (NTP): a window of negative length has no rates, and the door's windows
+            # would count again, as new, once the clock caught up with their stamps.
+            samples.clear()
+            if name in self._saturated:
+                self._saturated[name].clear()
         previous = samples[-1] if samples else None
         samples.append(sample)
         while len(samples) > 2 and sample.time - samples[1].time >= ESTIMATE_SECONDS:

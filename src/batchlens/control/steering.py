@@ -40,8 +40,9 @@ class Steering:
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
     # The door (control.admission): the queued-token cap batchlens last set or found in force (None: no cap),
-    # whether it ever read or set one (a restart goes on from it), and until when a cap set by hand stands. And a
-    # cap whose PUT failed (None: no cap), where cap_sent_seen: it may have landed, so finding it is no hand's.
+    # whether it ever read or set one (a restart goes on from it), and until when a cap set by hand stands. And the
+    # cap last sent (None: no cap), where cap_sent_seen, until the next read: a PUT that failed or was cut off may
+    # have landed, so finding it is no hand's.
     cap: int | None = None
     cap_seen: bool = False
     cap_manual_until: float = 0.0
