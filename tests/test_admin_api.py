@@ -87,7 +87,7 @@ def test_an_admission_put_names_the_caps_it_changes(body, changes) -> None:
         (b"{}", "name at least one cap"),
         (b'{"prefill_tokens_per_second": 900.0}', "name at least one cap"),  # a rate alone changes no cap
         (b'{"max_num_queued_tokens": 1' + b"0" * 400 + b"}", "at most 2147483647"),  # JSON integers are unbounded
-        (b'{"max_num_seqs": 4}', "Extra inputs"),
+        (b'{"max_num_seqs": 4}', "max_num_seqs: Extra inputs"),  # names the key it does not know
         (b"[" * 2000, "not JSON"),
         (b'{"prefill_tokens_per_second": 0}', "above 0"),
         (b'{"prefill_tokens_per_second": NaN}', "above 0"),

@@ -79,6 +79,8 @@ def test_engines_from_env() -> None:
         ({"control": {"min_limit": 10, "max_limit": 5}}, "control", "max_limit 5 is below control.min_limit 10"),
         ({"control": {"min_limit": 10, "start_limit": 5}}, "control", "start_limit 5 is outside control.min_limit 10"),
         ({"control": {"max_limit": 8, "start_limit": 16}}, "control", "start_limit 16 is outside"),
+        # One window a tick: three cannot fall within a second, and the door would never set a cap.
+        ({"control": {"admission": True, "admission_stale_seconds": 1}}, "control", "would never set a cap"),
         # Typed as written: a 1 is no switch, a true no number (pydantic's lax mode took both in silence).
         ({"control": {"enabled": 1}}, "control.enabled", "valid boolean"),
         ({"control": {"min_limit": True}}, "control.min_limit", "valid integer"),

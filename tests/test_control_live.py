@@ -438,6 +438,34 @@ def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) 
         sim.stop()
 
 
+@pytest.mark.parametrize("dry", ["breaker", "control"])
+def test_a_dry_run_sets_no_cap_and_says_once_what_it_would(tmp_path, caplog, dry) -> None:
+    # breaker.dry_run is remediate --dry-run: the door, which the controller sets itself, must keep to it too.
+    # The simulator's admission route over real HTTP; the door's saturated windows are given.
+    sim = SimulatorProcess(tmp_path)
+    engine = EngineAdmin(sim.url, sim.token)
+    data = {"engines": [{"name": "sim", "url": sim.url}], "control": {"enabled": True, "admission": True}}
+    data.setdefault(dry, {})["dry_run"] = True
+    config = Config.model_validate(data)
+    c = Controller(config, Store(tmp_path / "hook.db"), admins={}, clock=lambda: 0)
+    c._saturated["sim"].extend(Saturated(at, 2000.0, 8.0) for at in (996.0, 998.0, 1000.0))
+
+    async def door_ticks() -> None:
+        async with aiohttp.ClientSession() as session:
+            c._admins = {"sim": AdminClient(session, sim.url, sim.token)}
+            for now in (1000.0, 1001.0):
+                await c._admit("sim", None, now)
+        await c._http.aclose()
+
+    try:
+        with caplog.at_level(logging.INFO, "batchlens.control"):
+            asyncio.run(door_ticks())
+        assert engine.request("GET", "/batchlens/v1/admission")[1]["max_num_queued_tokens"] is None, "a dry run shed"
+        assert c.caps["sim"].cap is not None and caplog.text.count("dry run: would set the queued-token cap") == 1
+    finally:
+        sim.stop()
+
+
 def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, vllm_exposition) -> None:
     config = Config.model_validate({"engines": [{"name": "a", "url": engine(upstreams, "a", vllm_exposition)}],
                                     "control": {"enabled": True, "interval_seconds": 2}})  # fmt: skip

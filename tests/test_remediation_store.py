@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import time
 from collections import Counter
@@ -234,6 +235,21 @@ def test_a_delivery_for_an_engine_that_left_is_dropped_and_the_rest_are_decided(
 
     decided = asyncio.run(run())
     assert store.pending() == [] and decided["unknown_instance"] == 1, decided
+
+
+def test_an_engine_whose_admin_token_variable_is_not_set_is_said_at_start(tmp_path, caplog) -> None:
+    """Otherwise every call's 401 says only that the token does not match, and the operator hunts a wrong one."""
+    engines = [{"name": "a", "url": f"http://127.0.0.1:{free_port()}", "admin_token_env": "A_TOKEN"},
+               {"name": "b", "url": f"http://127.0.0.1:{free_port()}", "admin_token_env": "B_TOKEN"}]  # fmt: skip
+
+    async def start() -> None:
+        async with aiohttp.ClientSession() as session:
+            Remediator(Config.model_validate({"engines": engines}), Store(tmp_path / "state.db"), session,
+                       {"B_TOKEN": "set"})  # fmt: skip
+
+    with caplog.at_level(logging.ERROR, "batchlens.remediate"):
+        asyncio.run(start())
+    assert "a: the variable A_TOKEN is not set" in caplog.text and "B_TOKEN" not in caplog.text
 
 
 def test_the_webhook_token_from_a_secret_file_is_read_without_its_newline(tmp_path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from batchlens.config import Control
 from batchlens.control.signals import read_sample
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
@@ -164,6 +165,20 @@ def test_policies_parse_and_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="above the engine's capacity"):
         Static(300).initial(256)
     assert oracle_limits(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_the_controllers_policies_follow_the_configs_control_section_as_live() -> None:
+    """`batchlens replay --config`: what an operator tunes in replay is what runs live (the door's settings are
+    built by the same function the live controller uses)."""
+    control = Control(interval_seconds=1, start_limit=8, max_limit=32, keep_up=None, admission=True,
+                      admission_margin=0.5, admission_stale_seconds=30)  # fmt: skip
+    both = parse_policy("adaptive+admit", SLO, control=control)
+    assert both.tick_seconds == 1 and both.initial(64) == 8
+    assert (both.limits.tuning.max_limit, both.limits.tuning.keep_up, both.limits.tuning.door) == (32, None, True)
+    assert (both.settings.margin, both.settings.stale_seconds) == (0.5, 30)
+    admit = parse_policy("admit", SLO, control=control)
+    assert admit.tick_seconds == 1 and admit.settings.margin == 0.5 and admit.initial(64) == 64
+    assert parse_policy("adaptive", SLO, control=Control()).initial(256) == 32, "the defaults: an eighth, as ever"
 
 
 def test_the_breaker_policy_acts_on_its_alert_as_the_hook_does() -> None:

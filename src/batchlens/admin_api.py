@@ -148,7 +148,12 @@ def _body(body: bytes, model: type[Model], expected: str) -> Model:
     try:
         return model.model_validate(json.loads(body))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: [[[[... nested past 1000
-        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "body is not JSON"
+        if isinstance(exc, ValidationError):
+            error = exc.errors()[0]
+            field = ".".join(str(part) for part in error["loc"])  # which key: "Extra inputs" alone names none
+            detail = f"{field}: {error['msg']}" if field else error["msg"]
+        else:
+            detail = "body is not JSON"
         raise AdminError(400, f"expected {expected}: {detail}") from None
 
 
@@ -162,7 +167,10 @@ def parse_update(body: bytes, max_num_seqs: int) -> int:
 
 def parse_admission(body: bytes) -> dict[str, int | None]:
     """The caps a PUT changes (field -> cap, None for no cap), or the contract's 400 saying what is wrong."""
-    expected = '{"max_num_queued_tokens": <integer or null>, "max_num_queued_reqs": <integer or null>}'
+    expected = (
+        '{"max_num_queued_tokens": <integer or null>, "max_num_queued_reqs": <integer or null>, '
+        '"prefill_tokens_per_second": <number or null, optional>}'
+    )
     update = _body(body, AdmissionUpdate, expected)
     changes = {name: getattr(update, name) for name in update.model_fields_set}
     for name, cap in changes.items():

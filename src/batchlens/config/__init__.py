@@ -323,6 +323,13 @@ class Control(_Section):
         if start is not None and not self.min_limit <= start <= (self.max_limit or start):
             raise ValueError(f"control.start_limit {start} is outside control.min_limit {self.min_limit} .. "
                              f"max_limit {self.max_limit or 'the capacity'}")  # fmt: skip
+        # A window a tick: the door needs its min_windows within stale_seconds, or it never sets a cap at all.
+        needed = (self.admission_min_windows - 1) * self.interval_seconds
+        if self.admission and self.admission_stale_seconds < needed:
+            raise ValueError(f"control.admission_stale_seconds {self.admission_stale_seconds:g} is shorter than "
+                             f"the {needed:g} s that admission_min_windows {self.admission_min_windows} windows, one "
+                             f"each interval_seconds {self.interval_seconds:g}, span: the door would never set a "
+                             "cap")  # fmt: skip
         return self
 
 

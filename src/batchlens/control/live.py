@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 
 from batchlens.config import Config
 from batchlens.control.admission import (
-    AdmissionSettings,
     CapDecision,
     Saturated,
     queued_token_cap,
@@ -33,7 +32,7 @@ from batchlens.control.admission import (
 )
 from batchlens.control.law import one_slot
 from batchlens.control.signals import EngineSample, NotFinite, Window, read_sample, window
-from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, steer
+from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, door_settings, steer
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
@@ -63,6 +62,9 @@ class Controller:
         clock: Callable[[], float] = time.time,
     ):
         self.control = config.control
+        # The hook's own dry run (breaker.dry_run, remediate --dry-run) sets no limit that the controller wants,
+        # and the door, which the controller sets itself, must not shed what that run leaves alone.
+        self.door_dry_run = config.control.dry_run or config.breaker.dry_run
         self.slo = Slo(config.slo.ttft_seconds, config.slo.tpot_seconds)
         self.store = store
         self._http = HttpGetter()  # the exporter's GET: one pool of kept-alive connections to the engines
@@ -90,18 +92,14 @@ class Controller:
         self._failing: dict[str, str] = {}  # instance -> the failure last logged
         self._in_flight: dict[str, asyncio.Task] = {}
         self._on_decided = on_decided
-        c = config.control
-        self._admission = (
-            AdmissionSettings(config.slo.ttft_seconds, c.admission_margin, c.admission_confidence,
-                              c.admission_min_windows, c.admission_stale_seconds)
-            if c.admission else None
-        )  # fmt: skip
+        self._admission = door_settings(config.control, config.slo.ttft_seconds) if config.control.admission else None
         self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
         self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
         self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
         self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
+        self._dry_run_said: dict[str, int | None] = {}  # instance -> the cap a dry run last said it would set
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open.
@@ -127,7 +125,7 @@ class Controller:
         A door that fails open for want of figures still counts: the backlog that growth builds gives it its
         saturated windows within a few ticks, and then it sheds. A route that errs (a release without caps and
         without the plugin's middleware) never will."""
-        return self._admission is not None and not self.control.dry_run and self._door_answers.get(name, False)
+        return self._admission is not None and not self.door_dry_run and self._door_answers.get(name, False)
 
     def door(self, name: str) -> Door | None:
         """The engine's door for the breaker: None unless batchlens holds a queued-token cap in force on it."""
@@ -234,8 +232,8 @@ class Controller:
         self._door(name, cap_sent=None, cap_sent_seen=False)
         if ours is not UNSET and in_force != ours and in_force != sent:  # a PUT that timed out may have landed
             log.warning("%s: the queued-token cap is %s where batchlens last set or found %s: set by hand (or the "
-                        "engine restarted); the controller leaves the cap alone for %g s", name, _cap(in_force),
-                        _cap(ours), self.control.manual_hold_seconds)  # fmt: skip
+                        "engine restarted, or a second hook steers it); the controller leaves the cap alone for %g s",
+                        name, _cap(in_force), _cap(ours), self.control.manual_hold_seconds)  # fmt: skip
             self._door(name, cap_manual_until=now + self.control.manual_hold_seconds)
         self._door(name, cap=in_force, cap_seen=True)  # the first tick, a restart (kill -9) or a hand: go on from it
         hold_until = self.states[name].cap_manual_until
@@ -258,7 +256,13 @@ class Controller:
             self.decisions[(name, "admission_resumed")] += 1
             return
         self.decisions[(name, f"admission_{decision.reason}")] += 1
-        if self.control.dry_run or not worth_setting(in_force, decision.cap, self._admission):
+        if not worth_setting(in_force, decision.cap, self._admission):
+            return
+        if self.door_dry_run:
+            if self._dry_run_said.get(name, UNSET) != decision.cap:  # once per cap; nothing is set
+                self._dry_run_said[name] = decision.cap
+                log.info("%s: dry run: would set the queued-token cap %s -> %s (%s)", name, _cap(in_force),
+                         _cap(decision.cap), decision.reason)  # fmt: skip
             return
         rate = decision.prefill_tokens_per_second  # the engine's 503s announce the drain time from it
         # Kept, and stored, before the PUT, which may land and still fail or time out: then neither the next tick
@@ -324,8 +328,8 @@ class Controller:
     def _report(self, name: str, before: Steering, tick: Tick, signals: Window | None, in_force: int) -> None:
         if tick.event == "manual":
             log.warning("%s: the limit is %d where the controller last saw or set %s: set by hand (or the engine "
-                        "restarted); the controller follows it and pauses for %g s", name, in_force,
-                        before.seen_limit, self.control.manual_hold_seconds)  # fmt: skip
+                        "restarted, or a second hook steers it); the controller follows it and pauses for %g s",
+                        name, in_force, before.seen_limit, self.control.manual_hold_seconds)  # fmt: skip
         elif tick.event == "resumed":
             log.info("%s: the manual hold is over: the controller steers again from %d", name, in_force)
         if tick.state.limit == before.limit or tick.reason in ("manual_hold", "breaker_open"):

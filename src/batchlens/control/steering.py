@@ -22,6 +22,7 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass, fields, replace
 
 from batchlens.config import Control
+from batchlens.control.admission import AdmissionSettings
 from batchlens.control.capacity import Capacity
 from batchlens.control.law import Peak, State, Tuning, decide
 from batchlens.control.signals import Window
@@ -114,6 +115,12 @@ def tuning(control: Control, capacity: int, door: bool = False) -> Tuning:
         drain_seconds=control.drain_seconds, max_step=control.max_step, past_peak=control.past_peak,
         keep_up=control.keep_up, door=door,
     )  # fmt: skip
+
+
+def door_settings(control: Control, ttft_seconds: float) -> AdmissionSettings:
+    """The door's settings from the config's control: section, live and in a replay alike."""
+    return AdmissionSettings(ttft_seconds, control.admission_margin, control.admission_confidence,
+                             control.admission_min_windows, control.admission_stale_seconds)  # fmt: skip
 
 
 def bounds_said(control: Control, capacity: int) -> tuple[str, bool]:

@@ -15,7 +15,12 @@ from batchlens.clikit import load as load_or_fail
 @click.option("--listen", metavar="HOST:PORT", help="Where to serve the webhook [default: 127.0.0.1:9401].")
 @click.option("--alertmanager", "alertmanager_url", metavar="URL", help="Alertmanager to page through (API v2).")
 @click.option("--state", "state_path", metavar="PATH", help="SQLite state file [default: batchlens-state.sqlite].")
-@click.option("--dry-run", is_flag=True, default=None, help="Decide and log, but never change a batch limit.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    default=None,
+    help="Decide and log, but change nothing: no batch limit, no admission cap (breaker.dry_run).",
+)
 def remediate(
     config_path: str | None, listen: str | None, alertmanager_url: str | None, state_path: str | None,
     dry_run: bool | None,

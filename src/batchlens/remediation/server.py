@@ -211,10 +211,14 @@ class RemediationServer:
     def _control_summary(self) -> str:
         c = self.config.control
         if not c.enabled:
-            return "off (control.enabled)"
+            # The door is the controller's second knob: on its own it does nothing, which must not go unsaid.
+            return "off (control.enabled)" + (", so no admission cap either (control.admission needs it)"
+                                              if c.admission else "")  # fmt: skip
         top, slo = c.max_limit or "capacity", self.config.slo
-        return (f"every {c.interval_seconds:g} s, limits {c.min_limit}..{top}, SLO TTFT {slo.ttft_seconds:g} s "
-                f"TPOT {slo.tpot_seconds:g} s{', dry run' if c.dry_run else ''}")  # fmt: skip
+        door = "admission cap on" if c.admission else "no admission cap (control.admission)"
+        dry = ", dry run" if c.dry_run or self.config.breaker.dry_run else ""
+        return (f"every {c.interval_seconds:g} s, limits {c.min_limit}..{top}, {door}, SLO TTFT "
+                f"{slo.ttft_seconds:g} s TPOT {slo.tpot_seconds:g} s{dry}")  # fmt: skip
 
     async def stop(self, _app: web.Application) -> None:
         self._stop.set()

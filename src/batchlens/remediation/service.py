@@ -175,8 +175,12 @@ class Remediator:
         name = engine.name
         self.engines[name] = engine
         self._joined[name] = self.clock()
-        self.admins[name] = AdminClient(self._session, engine.admin_url, engine.admin_token(self._environ),
-                                        signed=engine.admin_auth == "signed", pod=engine.pod)  # fmt: skip
+        token = engine.admin_token(self._environ)
+        if token is None:  # said here once: every call's 401 would only say the token does not match
+            log.error("%s: %s is not set: its admin API will refuse every call (401) until the hook is started "
+                      "with it", name, engine.admin_token_source)  # fmt: skip
+        self.admins[name] = AdminClient(self._session, engine.admin_url, token, signed=engine.admin_auth == "signed",
+                                        pod=engine.pod)  # fmt: skip
         state = saved.get(name, EngineState())
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
         if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)

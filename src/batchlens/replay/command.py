@@ -111,7 +111,7 @@ def replay(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--slo-ttft/--slo-tpot") from None
     try:
-        chosen = [parse_policy(p, slo, config.thresholds) for p in policies]
+        chosen = [parse_policy(p, slo, config.thresholds, config.control) for p in policies]
         for policy in chosen:
             policy.initial(max_num_seqs)
     except ValueError as exc:

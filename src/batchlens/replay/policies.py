@@ -15,11 +15,13 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from batchlens.config import Thresholds
+from batchlens.config import Control, Thresholds
 from batchlens.control.admission import AdmissionSettings, Saturated, queued_token_cap, saturated, worth_setting
 from batchlens.control.law import State, Tuning, decide
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import EngineSample, read_sample, window
+from batchlens.control.steering import door_settings
+from batchlens.control.steering import tuning as tuning_of
 from batchlens.goodput import Slo
 
 
@@ -75,8 +77,9 @@ class Adaptive:
 
     wants_metrics = True
 
-    def __init__(self, slo: Slo, tuning: Tuning | None = None, tick_seconds: float = 2.0, *, pid: Gains | None = None):
-        self.slo, self.tuning, self.pid = slo, tuning, pid
+    def __init__(self, slo: Slo, tuning: Tuning | None = None, tick_seconds: float = 2.0, *, pid: Gains | None = None,
+                 control: Control | None = None):  # fmt: skip
+        self.slo, self.tuning, self.pid, self.control = slo, tuning, pid, control
         self.name = "adaptive" if pid is None else "pid"
         self.tick_seconds = tick_seconds if pid is None else pid.period_seconds
         self._state: State | PidState | None = None
@@ -84,6 +87,8 @@ class Adaptive:
         self.decisions: dict[str, int] = {}
 
     def initial(self, capacity: int) -> int:
+        if self.control is not None:  # the config's bounds, as live; the start too, where live takes the engine's
+            self.tuning = replace(tuning_of(self.control, capacity), start_limit=self.control.start_limit)
         self.tuning = self.tuning or Tuning(max_limit=capacity)
         self.tuning = replace(self.tuning, max_limit=min(self.tuning.max_limit, capacity))
         wanted = self.tuning.start_limit or max(1, self.tuning.max_limit // 8)
@@ -113,10 +118,10 @@ class Admitting:
 
     wants_metrics = True
 
-    def __init__(self, slo: Slo, limits: Policy, settings: AdmissionSettings | None = None):
+    def __init__(self, slo: Slo, limits: Policy, settings: AdmissionSettings | None = None, tick_seconds: float = 2.0):
         self.limits = limits
         self.name = "admit" if limits == Static() else f"{limits.name}+admit"
-        self.tick_seconds = limits.tick_seconds if limits.wants_metrics else 2.0  # the controller's tick
+        self.tick_seconds = limits.tick_seconds if limits.wants_metrics else tick_seconds  # the controller's tick
         self.settings = settings or AdmissionSettings(slo.ttft_seconds)
         self.queued_token_cap: int | None = None  # the door open until the estimate is sure
         self._saturated: deque[Saturated] = deque(maxlen=64)
@@ -150,15 +155,19 @@ class Admitting:
 POLICIES = ("default", "static:N", "breaker", "adaptive", "pid", "admit", "adaptive+admit")
 
 
-def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None) -> Policy:
-    """One of POLICIES; ValueError naming what exists otherwise."""
+def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None, control: Control | None = None) -> Policy:
+    """One of POLICIES; ValueError naming what exists otherwise. ``control``: the config's control: section, which
+    the controller's policies then follow as the live controller does (its tick, bounds, law and door settings);
+    None: their defaults."""
     name, _, arg = text.strip().partition(":")
+    tick = control.interval_seconds if control is not None else 2.0
+    door = door_settings(control, slo.ttft_seconds) if control is not None else None
     if name == "admit" and not arg:
-        return Admitting(slo, Static())
+        return Admitting(slo, Static(), door, tick)
     if name == "adaptive+admit" and not arg:
-        return Admitting(slo, Adaptive(slo))
+        return Admitting(slo, Adaptive(slo, tick_seconds=tick, control=control), door)
     if name == "adaptive" and not arg:
-        return Adaptive(slo)
+        return Adaptive(slo, tick_seconds=tick, control=control)
     if name == "pid" and not arg:
         return Adaptive(slo, pid=Gains())
     if name == "breaker" and not arg:
