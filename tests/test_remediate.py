@@ -251,10 +251,11 @@ def test_an_admin_api_that_answers_401_is_recorded_and_retried_with_backoff(tmp_
     try:
         hook.post(notification(alert("e")))
         calls = upstreams.engines["engine"].admin_calls_at
-        eventually(lambda: len(calls) >= 4, "four tries")
-        gaps = [b - a for a, b in itertools.pairwise(calls[1:4])]  # the delivery's tries (the first: the startup read)
-        # The backoff doubles (1, 2, 4 s): each wait longer than the one before, none a fixed retry.
-        assert gaps[0] > 0.8 and gaps[1] > 1.6 * gaps[0], gaps
+        eventually(lambda: len(calls) >= 5, "four tries", timeout=20)
+        gaps = [b - a for a, b in itertools.pairwise(calls[1:5])]  # the delivery's tries (the first: the startup read)
+        # The backoff doubles (1, 2, 4 s): no wait short, and the last far longer than the first. Not each longer
+        # than the one before: on a loaded machine the worker's passes come late, and 1 s and 2 s both became 2.
+        assert min(gaps) > 0.8 and gaps[2] > 1.6 * gaps[0], gaps
         assert pick(hook.samples(), "batchlens_remediation_actions_total", action="observe", result="http_401")
         assert hook.health()["engines"]["e"]["strikes"] == 0  # nothing decided on a blind guess
         log = hook.process.log_path.read_text()

@@ -110,6 +110,11 @@ def test_each_format_reads_into_seconds_from_the_first_arrival(tmp_path: Path) -
         ("jsonl", '{"t": 1, "prompt_tokens": 5, "output_tokens": 5}\nnot json\n', ":2: not JSON"),
         (
             "jsonl",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n",
+            ":1: not JSON: Expecting value: line 1 column 1 (char 0) (a CSV",
+        ),
+        (
+            "jsonl",
             '{"t": 5, "prompt_tokens": 5, "output_tokens": 5}\n{"t": 1, "prompt_tokens": 5, "output_tokens": 5}\n',
             ":2: time goes back",
         ),

@@ -100,7 +100,12 @@ def _parse(path: Path, fmt: str) -> Iterator[tuple[int, float, int, int, str]]:
     elif fmt == "jsonl":
         for number, line in _lines(path):
             if line.strip():
-                yield number, *_fields(path, number, lambda line=line: _jsonl(line))
+                try:
+                    yield number, *_fields(path, number, lambda line=line: _jsonl(line))
+                except TraceError as exc:
+                    if number == 1 and "not JSON" in str(exc) and "," in line:  # the first line of a CSV
+                        raise TraceError(f"{exc} (a CSV? --format azure or burstgpt reads the public traces)") from None
+                    raise
     else:
         raise TraceError(f"unknown trace format {fmt!r}: one of {', '.join(FORMATS)}")
 
