@@ -453,15 +453,19 @@ def test_a_dry_run_sets_no_cap_and_says_once_what_it_would(tmp_path, caplog, dry
     async def door_ticks() -> None:
         async with aiohttp.ClientSession() as session:
             c._admins = {"sim": AdminClient(session, sim.url, sim.token)}
-            for now in (1000.0, 1001.0):
-                await c._admit("sim", None, now)
+            await c._admit("sim", None, 1000.0)
+            # Nothing is set, so the cap in force stays none: the estimate moving 2% is not said again, doubling is.
+            c._saturated["sim"].extend(Saturated(1000.5, 2080.0, 8.0) for _ in range(3))
+            await c._admit("sim", None, 1001.0)
+            c._saturated["sim"].extend(Saturated(1001.5, 4000.0, 8.0) for _ in range(9))
+            await c._admit("sim", None, 1002.0)
         await c._http.aclose()
 
     try:
         with caplog.at_level(logging.INFO, "batchlens.control"):
             asyncio.run(door_ticks())
         assert engine.request("GET", "/batchlens/v1/admission")[1]["max_num_queued_tokens"] is None, "a dry run shed"
-        assert c.caps["sim"].cap is not None and caplog.text.count("dry run: would set the queued-token cap") == 1
+        assert c.caps["sim"].cap is not None and caplog.text.count("dry run: would set the queued-token cap") == 2
     finally:
         sim.stop()
 

@@ -242,14 +242,19 @@ def test_an_engine_whose_admin_token_variable_is_not_set_is_said_at_start(tmp_pa
     engines = [{"name": "a", "url": f"http://127.0.0.1:{free_port()}", "admin_token_env": "A_TOKEN"},
                {"name": "b", "url": f"http://127.0.0.1:{free_port()}", "admin_token_env": "B_TOKEN"}]  # fmt: skip
 
+    # A discovered pod whose namespace's Secret could not be read: discovery warns of that, and reads it again.
+    pod = Engine(name="ns-a/pod", url=f"http://127.0.0.1:{free_port()}").with_admin_token(None, "the Secret ns-a/t")
+
     async def start() -> None:
         async with aiohttp.ClientSession() as session:
-            Remediator(Config.model_validate({"engines": engines}), Store(tmp_path / "state.db"), session,
-                       {"B_TOKEN": "set"})  # fmt: skip
+            hook = Remediator(Config.model_validate({"engines": engines}), Store(tmp_path / "state.db"), session,
+                              {"B_TOKEN": "set"})  # fmt: skip
+            await hook.engines_found([pod])
 
     with caplog.at_level(logging.ERROR, "batchlens.remediate"):
         asyncio.run(start())
     assert "a: the variable A_TOKEN is not set" in caplog.text and "B_TOKEN" not in caplog.text
+    assert "ns-a/pod" not in caplog.text, "a restart is no cure for a Secret discovery reads again"
 
 
 def test_the_webhook_token_from_a_secret_file_is_read_without_its_newline(tmp_path) -> None:

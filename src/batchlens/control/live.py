@@ -259,7 +259,9 @@ class Controller:
         if not worth_setting(in_force, decision.cap, self._admission):
             return
         if self.door_dry_run:
-            if self._dry_run_said.get(name, UNSET) != decision.cap:  # once per cap; nothing is set
+            said = self._dry_run_said.get(name, UNSET)
+            # Nothing is set, so the cap in force never moves: said again only where it would be set again.
+            if said is UNSET or worth_setting(said, decision.cap, self._admission):
                 self._dry_run_said[name] = decision.cap
                 log.info("%s: dry run: would set the queued-token cap %s -> %s (%s)", name, _cap(in_force),
                          _cap(decision.cap), decision.reason)  # fmt: skip
