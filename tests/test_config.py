@@ -95,6 +95,14 @@ def test_validation_errors_name_the_key_and_the_expected_value(data, key, expect
     assert "(got {" not in message, "a check across a section's keys names them; the whole dict says nothing more"
 
 
+def test_an_env_override_with_one_underscore_after_its_section_is_refused_not_ignored() -> None:
+    """BATCHLENS_CONTROL_ADMISSION=true looks applied and is not: the operator believes the door is on."""
+    with pytest.raises(ConfigError, match="CONTROL_ADMISSION: not a config key; BATCHLENS_CONTROL__ADMISSION"):
+        load_config(environ={"BATCHLENS_CONTROL_ADMISSION": "true"})
+    tokens = {"BATCHLENS_ADMIN_TOKEN": "t", "BATCHLENS_WEBHOOK_TOKEN": "w", "BATCHLENS_ADMIN_PORT": "9"}
+    assert load_config(environ=tokens).control.admission is False, "a token's variable is no config key"
+
+
 def test_duplicate_engine_names_are_refused() -> None:
     engines = [{"name": "a", "url": "http://127.0.0.1:1"}, {"name": "a", "url": "http://127.0.0.1:2"}]
     with pytest.raises(ConfigError, match="used twice"):

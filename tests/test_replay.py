@@ -358,6 +358,9 @@ def test_past_capacity_admission_sheds_at_the_door_and_the_ones_it_admits_do_bet
     assert f"admit: {admit.shed} of {len(trace)} requests shed at the door" in shown, shown
     row = rows([admit])[0]
     assert (row["shed"], row["false_sheds"], row["refused"]) == (admit.shed, admit.false_sheds, 0)
+    admit.policy = "adaptive+admit"  # wider than a column: the column widens, and every line keeps its place
+    header, line = table([admit], None, SLO).splitlines()[:2]
+    assert len(header) == len(line) and line.split()[0] == "adaptive+admit", (header, line)
 
 
 def test_a_shed_is_counted_in_vllms_rejection_counter_the_policy_reads_as_live() -> None:

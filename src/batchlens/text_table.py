@@ -17,9 +17,12 @@ def cell(fmt: str, value: object) -> str:
 
 
 def text_table(columns: Sequence[Column], rows: Sequence[dict], *, width: int, marks: Sequence[str] = ()) -> list[str]:
-    """A header of titles, then one line per row, each followed by its mark (if any): right-aligned to ``width``."""
-    lines = ["  ".join(f"{title:>{width}}" for _, title, _ in columns)]
-    for i, row in enumerate(rows):
+    """A header of titles, then one line per row, each followed by its mark (if any): right-aligned to ``width``,
+    or to a column's widest cell where that is wider (a policy named ``adaptive+admit`` pushed the rest aside)."""
+    cells = [[cell(fmt, row[key]) for key, _, fmt in columns] for row in rows]
+    widths = [max([width, len(title), *(len(line[c]) for line in cells)]) for c, (_, title, _) in enumerate(columns)]
+    lines = ["  ".join(f"{title:>{w}}" for (_, title, _), w in zip(columns, widths, strict=True))]
+    for i, line in enumerate(cells):
         mark = marks[i] if i < len(marks) else ""
-        lines.append("  ".join(f"{cell(fmt, row[key]):>{width}}" for key, _, fmt in columns) + mark)
+        lines.append("  ".join(f"{text:>{w}}" for text, w in zip(line, widths, strict=True)) + mark)
     return lines

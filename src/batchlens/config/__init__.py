@@ -617,6 +617,9 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         key = var[len(ENV_PREFIX) :].lower()
         if key != "engines" and "__" not in key:
+            if (meant := _one_underscore(key)) is not None:  # ignored in silence, it would look applied
+                raise ConfigError(f"{var}: not a config key; {ENV_PREFIX}{meant.upper()} (two underscores after "
+                                  "the section) sets one")  # fmt: skip
             continue
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
@@ -628,6 +631,16 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
     return out
+
+
+def _one_underscore(key: str) -> str | None:
+    """``section__key`` where ``key`` (lowercased, after the prefix) is a section's key joined by one underscore."""
+    for section, field in Config.model_fields.items():
+        model = field.annotation
+        rest = key.removeprefix(f"{section}_")
+        if rest != key and isinstance(model, type) and issubclass(model, BaseModel) and rest in model.model_fields:
+            return f"{section}__{rest}"
+    return None
 
 
 def _format_errors(exc: ValidationError, origin: str) -> str:
