@@ -158,9 +158,14 @@ class Engine(_Section):
         engine._admin_token, engine._admin_token_from = token, source
         return engine
 
+    @property
+    def admin_token_from_environment(self) -> bool:
+        """Whether the token comes from the variable admin_token_env, not from discovery."""
+        return not self._admin_token_from
+
     def admin_token(self, environ: Mapping[str, str]) -> str | None:
         """The token this engine's admin API takes: its own (discovered), else the variable admin_token_env."""
-        if self._admin_token_from:
+        if not self.admin_token_from_environment:
             return self._admin_token
         return environ.get(self.admin_token_env) or None
 

@@ -315,8 +315,7 @@ class Controller:
             # The wall clock stepped back (NTP): a window of negative length has no rates, and the door's windows
             # would count again, as new, once the clock caught up with their stamps.
             samples.clear()
-            if name in self._saturated:
-                self._saturated[name].clear()
+            self._saturated[name].clear()
         previous = samples[-1] if samples else None
         samples.append(sample)
         while len(samples) > 2 and sample.time - samples[1].time >= ESTIMATE_SECONDS:

@@ -216,9 +216,8 @@ class RemediationServer:
                                               if c.admission else "")  # fmt: skip
         top, slo = c.max_limit or "capacity", self.config.slo
         door = "admission cap on" if c.admission else "no admission cap (control.admission)"
-        dry = ", dry run" if c.dry_run or self.config.breaker.dry_run else ""
         return (f"every {c.interval_seconds:g} s, limits {c.min_limit}..{top}, {door}, SLO TTFT "
-                f"{slo.ttft_seconds:g} s TPOT {slo.tpot_seconds:g} s{dry}")  # fmt: skip
+                f"{slo.ttft_seconds:g} s TPOT {slo.tpot_seconds:g} s{', dry run' if c.dry_run else ''}")  # fmt: skip
 
     async def stop(self, _app: web.Application) -> None:
         self._stop.set()

@@ -178,7 +178,7 @@ class Remediator:
         token = engine.admin_token(self._environ)
         # Said here once: every call's 401 would only say the token does not match. (A discovered pod's token comes
         # from its namespace's Secret, which discovery reads again, and warns of, by itself.)
-        if token is None and engine.admin_token_source == f"the variable {engine.admin_token_env}":
+        if token is None and engine.admin_token_from_environment:
             log.error("%s: %s is not set: its admin API will refuse every call (401) until the hook is started "
                       "with it", name, engine.admin_token_source)  # fmt: skip
         self.admins[name] = AdminClient(self._session, engine.admin_url, token, signed=engine.admin_auth == "signed",

@@ -100,12 +100,7 @@ def _parse(path: Path, fmt: str) -> Iterator[tuple[int, float, int, int, str]]:
     elif fmt == "jsonl":
         for number, line in _lines(path):
             if line.strip():
-                try:
-                    yield number, *_fields(path, number, lambda line=line: _jsonl(line))
-                except TraceError as exc:
-                    if number == 1 and "not JSON" in str(exc) and "," in line:  # the first line of a CSV
-                        raise TraceError(f"{exc} (a CSV? --format azure or burstgpt reads the public traces)") from None
-                    raise
+                yield number, *_fields(path, number, lambda line=line: _jsonl(line))
     else:
         raise TraceError(f"unknown trace format {fmt!r}: one of {', '.join(FORMATS)}")
 
@@ -114,7 +109,9 @@ def _jsonl(line: str) -> tuple[float, object, object, str]:
     try:
         item = json.loads(line)
     except ValueError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
+        csv = "," in line and not line.lstrip().startswith(("{", "["))  # a CSV's line, read as the default format
+        raise ValueError(f"not JSON: {exc}" + (" (a CSV? --format azure or burstgpt reads the public traces)"
+                                               if csv else "")) from None  # fmt: skip
     if not isinstance(item, dict) or not {"t", "prompt_tokens", "output_tokens"} <= item.keys():
         raise ValueError('expected {"t": seconds, "prompt_tokens": N, "output_tokens": N} (and "class", optional)')
     if isinstance(item["t"], bool) or not isinstance(item["t"], int | float):
