@@ -88,9 +88,12 @@ def test_percentiles_are_nearest_rank_and_errors_are_counted() -> None:
     assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile([5, 1, 4, 2, 3], 99) == 5
     assert percentile(list(range(1, 101)), 90) == 90 and percentile([], 50) is None
     p = Planned(0, 10, 10, True)
-    results = [Result(p, True, e2e=1.0, ttft=0.1, itl=(0.01, 0.03), output_tokens=10), Result(p, False, "timeout")]
+    results = [Result(p, True, e2e=1.0, ttft=0.1, itl=(0.01, 0.03), output_tokens=10), Result(p, False, "timeout"),
+               Result(p, False, "http_503", reason="queue full")]  # fmt: skip
     rep = report(results, 2.0)
     assert rep["succeeded"] == 1 and rep["errors"] == {"timeout": 1} and rep["output_tokens_per_second"] == 5
+    # A refusal at the door is the server working as set: counted apart, and not an error (the exit code's).
+    assert rep["refused"] == {"http_503": 1} and rep["error_reasons"] == {"http_503": "queue full"}
     assert rep["itl_seconds"]["p50"] == 0.01 and rep["ttft_seconds"]["p99"] == 0.1
 
 

@@ -75,6 +75,11 @@ def load(
     their length, so the same run works against vLLM (with or without a
     tokenizer) and against `batchlens simulate`.
 
+    A request turned away at the door (a 503 from admission's cap, a 429
+    from a gateway) is counted as refused, apart from the errors: that is
+    the server working as set. The exit code is 1 when a request failed
+    (a timeout, a reset, any other status), 0 otherwise.
+
     \b
     Examples:
       batchlens load --url http://127.0.0.1:8000 --rate 8 --duration 60 --arrival bursty
@@ -102,5 +107,5 @@ def load(
         raise click.ClickException(f"cannot load {url}: {exc}") from None
     rep = {"url": url, "model": used, **report(results, wall)}
     click.echo(json.dumps(rep, indent=2) if as_json else f"{url} ({used})\n" + format_report(rep))
-    if rep["succeeded"] < rep["requests"]:
+    if rep["errors"]:
         sys.exit(1)

@@ -107,6 +107,11 @@ def _overload(spec: LoadSpec) -> list[Planned]:
         out.append(_draw(spec, rng, t))
 
 
+#: Answers that turn a request away at the door (admission's 503, a gateway's 429): the server working as set,
+#: so counted apart from failures.
+REFUSALS = ("http_503", "http_429")
+
+
 @dataclass
 class Result:
     planned: Planned
@@ -128,12 +133,16 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def report(results: Sequence[Result], wall_seconds: float) -> dict:
+    """Latency percentiles and throughput of the answered requests; the others by status: ``refused`` (turned
+    away at the door, REFUSALS) apart from ``errors`` (failed)."""
     ok = [r for r in results if r.ok]
     errors: dict[str, int] = {}
+    refused: dict[str, int] = {}
     reasons: dict[str, str] = {}  # error -> the first reason given for it
     for r in results:
         if not r.ok:
-            errors[r.error] = errors.get(r.error, 0) + 1
+            counts = refused if r.error in REFUSALS else errors
+            counts[r.error] = counts.get(r.error, 0) + 1
             if r.reason:
                 reasons.setdefault(r.error, r.reason)
 
@@ -143,6 +152,7 @@ def report(results: Sequence[Result], wall_seconds: float) -> dict:
     return {
         "requests": len(results),
         "succeeded": len(ok),
+        "refused": refused,
         "errors": errors,
         "error_reasons": reasons,
         "seconds": wall_seconds,
@@ -156,7 +166,8 @@ def report(results: Sequence[Result], wall_seconds: float) -> dict:
 
 def format_report(rep: dict) -> str:
     lines = [
-        f"requests {rep['requests']}, succeeded {rep['succeeded']}, errors {rep['errors'] or 'none'}",
+        f"requests {rep['requests']}, succeeded {rep['succeeded']}, refused {rep['refused'] or 'none'}, "
+        f"errors {rep['errors'] or 'none'}",
         *(f"  {error}: {reason}" for error, reason in rep["error_reasons"].items()),
         f"throughput {rep['requests_per_second']:.2f} req/s, {rep['output_tokens_per_second']:.1f} output tokens/s "
         f"over {rep['seconds']:.1f}s",

@@ -21,14 +21,12 @@ import aiohttp
 
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.load.client import DIRECT, Via, connector, first_model, send
-from batchlens.load.plan import Planned, Result
+from batchlens.load.plan import REFUSALS, Planned, Result
 from batchlens.replay.simulated import Run
 from batchlens.replay.traces import TraceRequest
 
 DEAD_AFTER = 5  # requests in a row that found nobody (connect error or timeout): the engine is gone
 DEAD_REASONS = ("connect", "timeout")
-#: Answers that turn a request away at the door (admission, a gateway's rate limit): counted apart from failures.
-REFUSALS = ("http_503", "http_429")
 
 
 @dataclass(frozen=True)
