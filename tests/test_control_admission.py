@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from batchlens.admin_api import MAX_QUEUED_CAP
 from batchlens.control.admission import (
     AdmissionSettings,
+    CapDecision,
     Saturated,
     poisson_quantile,
     queued_token_cap,
@@ -97,6 +98,19 @@ def test_the_cap_is_ttft_times_the_median_prefill_rate_or_open(history, now, cap
     decision = queued_token_cap(history, now, SETTINGS)
     assert (decision.cap, decision.reason) == (cap, reason)
     assert (decision.prefill_tokens_per_second is None) == (cap is None)
+
+
+def test_with_no_new_window_the_cap_stands_until_too_few_are_left_then_opens() -> None:
+    """Time alone does not move the cap: after a load ends, old windows leaving the median would move it a few
+    times before it opened (seen live), each a PUT and a log line about an engine nobody loads."""
+    history = [Saturated(0, 9000), Saturated(2, 1000), Saturated(4, 1000), Saturated(6, 1200), Saturated(8, 1200)]
+    when_the_last_came = queued_token_cap(history, 8, SETTINGS)
+    assert when_the_last_came.prefill_tokens_per_second == 1200  # the median of the five
+    for now in (61, 63):  # the 9000 at 0 s, then the 1000 at 2 s, older than stale_seconds
+        assert queued_token_cap(history, now, SETTINGS) == when_the_last_came
+    assert queued_token_cap(history, 65, SETTINGS) == CapDecision(None, "too_few_windows", None)
+    moved = queued_token_cap([*history, Saturated(62, 1000)], 62, SETTINGS)  # a new window: recent as of it
+    assert moved.prefill_tokens_per_second == 1000  # 1000, 1000, 1200, 1200 and the new 1000
 
 
 @pytest.mark.parametrize(

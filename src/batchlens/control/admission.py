@@ -11,7 +11,9 @@ wide enough that what the door refuses would have missed its TTFT (:func:`spread
   the queue drains. In a window with nothing waiting and nothing refused they are only the arrival rate, which
   says nothing of capacity; nor in one whose queue was a burst's prompts waiting a step for the token budget
   as the sample was taken (vLLM keeps those in its waiting queue too).
-- The estimate is the median of the recent saturated windows, so one noisy window moves nothing.
+- The estimate is the median of the recent saturated windows, so one noisy window moves nothing. Recent as of
+  the newest of them: with no new window the estimate stands, and time alone only opens the door, once too few
+  are left (else the cap would move a few times after a load ends, as old windows left the median).
 - The drain is not steady. A batch at its limit takes a waiting request in only as a running one finishes,
   and finishes come at random: the cap is the ``confidence`` quantile of what drains within a TTFT, not its
   mean, so that a request refused at the cap would have missed with that confidence (a false shed is one
@@ -105,8 +107,10 @@ def queued_token_cap(history: Sequence[Saturated], now: float, settings: Admissi
         return CapDecision(None, "stale", None)
     if len(recent) < settings.min_windows:
         return CapDecision(None, "too_few_windows", None)
-    rate = statistics.median(s.prefill_tokens_per_second for s in recent)
-    cap = min(settings.ttft_seconds * rate * spread(recent, settings), MAX_QUEUED_CAP)  # int(inf) raises
+    newest = max(s.at for s in recent)
+    basis = [s for s in history if 0 <= newest - s.at <= settings.stale_seconds]  # what was recent when it came
+    rate = statistics.median(s.prefill_tokens_per_second for s in basis)
+    cap = min(settings.ttft_seconds * rate * spread(basis, settings), MAX_QUEUED_CAP)  # int(inf) raises
     return CapDecision(max(1, int(cap)), "estimated", rate)
 
 
