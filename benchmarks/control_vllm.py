@@ -9,9 +9,9 @@ scenario is tests/harness/control_vllm.py's:
 1. One bursty trace (60 s at 10 requests/s, CV 2) at the capacity (32) and at a small static limit (12), then
    steered from 12 by the limit-only controller, run after run: each run's ratio to the best static limit, and
    their median and spread.
-2. What the server serves at its capacity with this mix, measured first (it differs from machine to machine:
-   35 requests/s on an AVX-512 one, about 17 on an AVX2 one), then the same kind of trace at 1.5x that,
-   steered from 12 with `control.admission` on and off: goodput with the door against without, and the
+2. What the server serves at its capacity with this mix, measured first from a backlog (it differs from
+   machine to machine: 73 requests/s on an AVX-512 one with two cores), then the same kind of trace at 1.5x
+   that, steered from 12 with `control.admission` on and off: goodput with the door against without, and the
    admitted requests' TTFT.
 
 tests/test_control_vllm.py asserts, in make test, that the controller moves the limit at all.
