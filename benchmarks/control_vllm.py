@@ -46,7 +46,7 @@ def main() -> int:
         env = {**install_plugin(wheel, work / "site"), TOKEN_ENV: ADMIN_TOKEN}
         server = start_vllm(work / "vllm", env=env)
         try:
-            server.load(requests=48, concurrency=16, max_tokens=32)  # torch.compile's first batches, paid here
+            server.load(requests=48, concurrency=16, max_tokens=32)  # the first requests' one-off costs, paid here
             comparison = steer_against_statics(work / "bursty", server, runs=args.runs)
             print(comparison.summary(), flush=True)
             served = served_rate(work / "capacity", server)

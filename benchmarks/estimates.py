@@ -3,7 +3,7 @@
     python benchmarks/estimates.py [--seconds 300] [--seed 1]
 
 The controller never sees a latency: it sees vLLM's cumulative histograms and estimates percentiles within
-their buckets, as Prometheus' histogram_quantile does (control/signals.py). Here the four workloads of
+their buckets, as Prometheus' histogram_quantile does (control/signals.py). Here the five workloads of
 benchmarks/controller.py are replayed on the article profile under the controller, its samples of the
 engine's /metrics are kept, and each window's estimates are set against the exact figures of the same
 window, computed from every request's own timings:

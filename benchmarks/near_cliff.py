@@ -9,11 +9,12 @@ TPOT 0.1 s, at each --scale (the arrival rate times X, same shape). Choose scale
 under, at and just over its capacity: at the cliff, where the best static limit first loses requests, the
 limit law once fell to 0.05 of it. Per scale it prints the ceiling (every request good), the goodput of
 `default`, `adaptive` (the limit alone) and `adaptive+admit` (with the queued-token cap), the best static
-limit (batchlens.replay.simulated.oracle), the ratios to it, and the share shed with the share of those
-that would have been good. Each --start is a slice of the trace, replayed at every scale: the first slice is
-the one the law was tuned near, the others hold it out, except where docs/admission.md says a slice was used
-to find a change (the code trace's, since 2026-12-05). The last lines give the
-ratios' minimum and median over every slice and scale. The traces are not part of batchlens: download them
+limit (batchlens.replay.simulated.oracle), the ratios to it (and, under `n`, adaptive's and
+adaptive+admit's in good requests, which the runs' lengths do not touch: benchmarks/controller.py), and the
+share shed with the share of those that would have been good. Each --start is a slice of the trace, replayed
+at every scale: the first slice is the one the law was tuned near, the others hold it out, except where
+docs/admission.md says a slice was used to find a change (the code trace's, since 2026-12-05). The last lines
+give the ratios' minimum and median over every slice and scale. The traces are not part of batchlens: download them
 (https://github.com/Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv).
 """
 
@@ -28,7 +29,7 @@ from batchlens.goodput import Slo
 from batchlens.replay.traces import read_trace, select
 from batchlens.simulator.engine import Engine
 from batchlens.simulator.profiles import GPUS, MODELS
-from controller import ceiling, ratio, versus_best
+from controller import ceiling, in_good, ratio, versus_best
 
 SLO = Slo(2.0, 0.1)
 POLICIES = ("default", "adaptive", "adaptive+admit")
@@ -52,8 +53,8 @@ def main() -> None:
         print(f"{args.trace.name} [{start:g}, {start + args.duration:g}) s on H200, dense-7b, max_num_seqs 256;"
               f" SLO TTFT {SLO.ttft_seconds:g} s, TPOT {SLO.tpot_seconds:g} s; goodput in good requests/s")  # fmt: skip
         print(f"{'scale':>5} {'requests':>8} {'ceiling':>7} " + " ".join(f"{p:>14}" for p in POLICIES)
-              + f" {'best static':>17} {'adapt/best':>10} {'adp+adm/best':>12} {'shed':>6} {'false':>6}"
-              f" {'wall s':>6}")  # fmt: skip
+              + f" {'best static':>17} {'adapt/best':>10} {'adp+adm/best':>12} {'n':>5} {'n':>5} {'shed':>6}"
+              f" {'false':>6} {'wall s':>6}")  # fmt: skip
         for scale in args.scale or [1.0]:
             started = time.perf_counter()
             trace = select(whole, start=start, duration=args.duration, rate_scale=scale)
@@ -69,6 +70,7 @@ def main() -> None:
             print(f"{scale:5.2f} {len(trace):8d} {ceiling(trace):7.2f} "
                   + " ".join(f"{r.judgement.goodput_rps:14.3f}" for r in runs.values())
                   + f" {best.policy:>9} {best_rps:7.3f} {adaptive[-1]:10.2f} {both[-1]:12.2f}"
+                  f" {in_good(runs['adaptive'], best):5.2f} {in_good(both_run, best):5.2f}"
                   f" {both_run.shed / len(trace):6.1%} {false_share:6.1%}"
                   f" {time.perf_counter() - started:6.0f}")  # fmt: skip
     if adaptive:
