@@ -12,7 +12,8 @@ scenario is tests/harness/control_vllm.py's:
 2. What the server serves at its capacity with this mix, measured first from a backlog (it differs from
    machine to machine: 73 requests/s on an AVX-512 one with two cores), then the same kind of trace at 1.5x
    that, steered from 12 with `control.admission` on and off: goodput with the door against without, and the
-   admitted requests' TTFT.
+   admitted requests' TTFT. Both knobs as shipped against the limit alone: with the door on, the limit law
+   also regrows faster after a fall (control/law.py, ``door``), since a backlog is shed.
 
 tests/test_control_vllm.py asserts, in make test, that the controller moves the limit at all.
 """

@@ -9,7 +9,10 @@ stack's own Prometheus about the last --minutes and prints them side by side:
 
 - requests finished, and refused at the door (503) with their share of the door's arrivals;
 - the shares of TTFT within 0.5 s and of token gaps within 0.1 s (the SLO), from vLLM's histograms;
-- goodput, estimated: finished x both shares / seconds (live, no request's own timings are kept);
+- goodput, estimated: finished x both shares / seconds (live, no request's own timings are kept). It takes
+  the two shares as independent and the gaps' share per token, not per request's TPOT: where misses of both
+  kinds fall in the same overload phases it reads low, most for the stack with more misses, so the ratio
+  between the two stacks is a rough figure, not an exact one;
 - the P99 TTFT of the admitted (the refused never start), from the buckets;
 - the hook's decisions by kind and its pages (since it started), the lowest limit, and the alerts that fired.
 

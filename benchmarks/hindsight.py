@@ -1,15 +1,18 @@
-"""How much could any batch-limit schedule gain over the best static limit? A hindsight bound, in simulated time.
+"""How much could any batch-limit schedule gain over the best static limit? A hindsight estimate, in simulated time.
 
     python benchmarks/hindsight.py [--profile article|published] [--segment 30] [--seconds 300] [--seed 1]
 
 On benchmarks/controller.py's workloads, a schedule that knows the whole trace picks one static limit per
 --segment seconds, greedily in time order: each segment takes the candidate limit that gives the most goodput
 over the whole run, the segments after it held at the best static limit. No controller can see the future,
-so this is what steering the limit could at best be worth at that time scale (greedy, so not a strict
-bound, but the search only ever keeps a schedule at least as good as the best static limit). It prints,
-per workload, the best static limit's goodput, the schedule's, their ratio, and the adaptive controller's
-ratio to the best static limit for comparison. The last line is `hindsight/best_static max X` over the
-non-steady workloads: where X is under 1.10, so is every controller on these workloads, by this measure.
+so this estimates what steering the limit could be worth at that time scale. It is no bound: the search is
+greedy, over a grid (CANDIDATES and the best static limit) held for whole segments, so a schedule that moves
+more often or to other limits could gain more (the search only ever keeps a schedule at least as good as
+the best static limit), and a door beside the limit is no schedule of limits at all. It prints, per
+workload, the best static limit's goodput, the schedule's, their ratio, and the adaptive controller's ratio
+to the best static limit for comparison. The last line is `hindsight/best_static max X` over the non-steady
+workloads: where X is under 1.10, the limit alone is unlikely to reach 1.10 there, though this does not
+prove it cannot.
 """
 
 from __future__ import annotations
