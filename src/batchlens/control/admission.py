@@ -93,7 +93,9 @@ def poisson_quantile(mean: float, p: float) -> int:
 @dataclass(frozen=True)
 class CapDecision:
     cap: int | None  # the queued-token cap to have in force; None: no cap (the door open)
-    reason: str  # estimated, too_few_windows, stale or no_signal; live, also manual_hold or resumed (control/live.py)
+    # estimated, too_few_windows, stale or no_signal (no saturated window yet: an engine idle since the hook
+    # started, or one it cannot read); live, also manual_hold or resumed (control/live.py)
+    reason: str
     prefill_tokens_per_second: float | None  # the estimate the cap rests on
 
 

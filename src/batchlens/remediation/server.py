@@ -117,9 +117,11 @@ def _controller_families(c: Controller):
 def _admission_families(c: Controller):
     """The second knob per engine: the cap wanted, the cap in force (+Inf: no cap) and the prefill estimate."""
     wanted = GaugeMetricFamily("batchlens_admission_cap_target_tokens", "The queued-token cap the controller "
-                               "wants (+Inf: no cap, the door open).", labels=["vllm_instance"])  # fmt: skip
-    in_force = GaugeMetricFamily("batchlens_admission_cap_tokens", "The queued-token cap batchlens last set on "
-                                 "the engine (+Inf: no cap).", labels=["vllm_instance"])  # fmt: skip
+                               "wants (+Inf: no cap, the door open; under a hand's hold, the hand's cap).",
+                               labels=["vllm_instance"])  # fmt: skip
+    in_force = GaugeMetricFamily("batchlens_admission_cap_tokens", "The queued-token cap in force on the engine, "
+                                 "as batchlens last set or read it, a hand's included (+Inf: no cap).",
+                                 labels=["vllm_instance"])  # fmt: skip
     rate = GaugeMetricFamily("batchlens_admission_prefill_tokens_per_second", "Estimated prefill throughput "
                              "the cap rests on: the median of recent windows with requests waiting.",
                              labels=["vllm_instance"])  # fmt: skip
