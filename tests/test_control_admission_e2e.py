@@ -106,6 +106,8 @@ def test_a_cap_set_by_hand_stands_for_the_hold_and_through_a_restart_after_kill_
         assert admin.request("GET", ADMISSION_PATH)[1]["max_num_queued_tokens"] == 5000
         log = hook.process.log_path.read_text()
         assert "a queued-token cap set by hand still holds the door's control off" in log, log
+        health = hook.health()["control"]["engines"]["sim"]
+        assert health["cap_manual_hold"] and health["cap_in_force"] == health["cap_target"] == 5000, health
         assert "queued-token cap 5000 ->" not in log
     finally:
         hook.stop()

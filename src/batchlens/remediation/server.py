@@ -306,6 +306,13 @@ class RemediationServer:
         # The holds are in force now, a limit's or a cap's set by hand, kept over a restart.
         engines = {name: {"limit": s.limit, "limit_in_force": s.seen_limit, "manual_hold": s.manual_until > now,
                           "cap_manual_hold": s.cap_manual_until > now} for name, s in c.states.items()}  # fmt: skip
+        if self.config.control.admission:
+            # The door beside it: the cap in force at the last read and the cap wanted (null: no cap), each once known.
+            for name, health in engines.items():
+                if (cap := c.cap_in_force(name)) is not UNSET:
+                    health["cap_in_force"] = cap
+                if name in c.caps:
+                    health["cap_target"] = c.caps[name].cap
         return {"enabled": True, "dry_run": self.config.control.dry_run, "engines": engines}
 
     def app(self) -> web.Application:
