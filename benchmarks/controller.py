@@ -1,6 +1,6 @@
 """The adaptive controller against the best static limit (the oracle) and vLLM's default, in simulated time.
 
-    python benchmarks/controller.py [--seconds 300] [--seed 1] [--profile article|published]
+    python benchmarks/controller.py [--seconds 300] [--seed 1] [--profile article|published] [--start N]
 
 Two engine profiles of the simulator, max_num_seqs 256 each:
 - article: A100-80GB and a 7B model, calibrated to the article (throughput stops rising past batch 8 or so,
@@ -27,6 +27,9 @@ overload a run without the door drains its backlog long after the last arrival (
 overload: 530 s for the best static limit, 305 s with the door, on a 300 s trace), so its goodput is lower
 for that alone. The columns `n` give adaptive's and adaptive+admit's ratios in good requests instead, which
 the runs' lengths do not touch.
+`--start N` starts adaptive and adaptive+admit at a limit of N (`control.start_limit`) instead of the replay's
+eighth of the capacity (32): what a cold start costs, above all under overload, where the good requests are the
+ones that arrive before a queue forms (docs/control.md, "What the start decides").
 The last lines are `adaptive/best_static min X` over every workload and profile, `adaptive+admit/best_static
 min Y (non-steady)` and `false_sheds max Z`, the largest share of false sheds in any run that shed.
 """
@@ -38,6 +41,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
+from batchlens.config import Control
 from batchlens.control.pid import Gains
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
@@ -107,10 +111,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", choices=sorted(PROFILES), action="append", help="default: both")
+    parser.add_argument("--start", type=int, metavar="N", help="the controller's starting limit (default: 32)")
     args = parser.parse_args()
+    if args.start is not None and not 1 <= args.start <= 256:
+        parser.error(f"--start takes a limit of 1 to the engines' 256 slots, got {args.start}")
     ratios, false_shares = {}, []
     for profile in args.profile or list(PROFILES):
-        got, shares = run_profile(profile, args.seconds, args.seed)
+        got, shares = run_profile(profile, args.seconds, args.seed, args.start)
         ratios.update(got)
         false_shares += shares
     print(f"adaptive/best_static min {min(v['adaptive'] for v in ratios.values()):.2f}")
@@ -122,12 +129,13 @@ def main() -> None:
 POLICIES = ("default", "breaker", "pid", "adaptive", "admit", "adaptive+admit")
 
 
-def policy(name: str, slo: Slo = SLO):
+def policy(name: str, slo: Slo = SLO, start: int | None = None):
+    """``start``: where the controller's policies start (None: the replay's eighth of the capacity)."""
     if name == "breaker":
         return BreakerPolicy()
     if name == "pid":
         return Adaptive(slo, pid=Gains())
-    return parse_policy(name, slo)
+    return parse_policy(name, slo, control=None if start is None else Control(start_limit=start))
 
 
 def versus_best(
@@ -140,7 +148,8 @@ def versus_best(
     return runs, best
 
 
-def run_profile(profile: str, seconds: float, seed: int) -> tuple[dict[tuple[str, str], dict[str, float]], list[float]]:
+def run_profile(profile: str, seconds: float, seed: int,
+                start: int | None = None) -> tuple[dict[tuple[str, str], dict[str, float]], list[float]]:  # fmt: skip
     """Each workload's ratios to the best static limit, by policy, and the share of false sheds of each run that
     shed."""
     gpu, model, rate = PROFILES[profile]
@@ -150,13 +159,14 @@ def run_profile(profile: str, seconds: float, seed: int) -> tuple[dict[tuple[str
 
     ratios, false_shares = {}, []
     print(f"\n{profile}: {GPUS[gpu].name}, {model}, max_num_seqs 256, steady rate {rate:g}/s; goodput in good "
-          "requests/s; shed: share of requests shed (false: share of the sheds that would have been good)")  # fmt: skip
+          "requests/s; shed: share of requests shed (false: share of the sheds that would have been good)"
+          + ("" if start is None else f"; the controller starts at {start}"))  # fmt: skip
     print(f"{'workload':9} {'requests':>8} {'ceiling':>7} " + " ".join(f"{p:>8}" for p in ("default", "breaker", "pid",
           "adaptive", "admit", "adp+adm")) + f" {'best static':>17} {'adapt/best':>10} {'admit/best':>10} "
           f"{'adp+adm/best':>12} {'n':>5} {'n':>5} {'shed':>6} {'false':>6} {'wall s':>6}")  # fmt: skip
     for name, trace in workloads(seconds, seed, rate).items():
         started = time.perf_counter()
-        runs, best = versus_best(trace, engine, POLICIES)
+        runs, best = versus_best(trace, engine, POLICIES, make_policy=lambda name, slo: policy(name, slo, start))
         best_rps = best.judgement.goodput_rps
         ratios[(profile, name)] = got = {p: ratio(r.judgement.goodput_rps, best_rps) for p, r in runs.items()}
         both = runs["adaptive+admit"]

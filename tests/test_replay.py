@@ -244,7 +244,7 @@ def test_the_cli_compares_policies_and_finds_a_better_static_limit_than_vllms_de
     again = replay(read_trace(trace, "jsonl"), engine(), Static(limit), SLO).judgement.goodput_rps
     assert again == pytest.approx(oracle["goodput_rps"]), (limit, again, oracle)
     # The controller, from the engine's own metrics only, steers well clear of the default
-    # (benchmarks/controller.py compares it with the oracle on four workloads).
+    # (benchmarks/controller.py compares it with the oracle on five workloads).
     adaptive = policies["adaptive"]
     print(f"adaptive {adaptive['goodput_rps']:.3f}/s, {adaptive['limit_changes']} changes, ends at "
           f"{adaptive['final_limit']}")  # fmt: skip
