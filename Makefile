@@ -81,6 +81,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/simulator.py
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/controller.py
+	$(BIN)/python benchmarks/fixed_cap.py
 	$(BIN)/python benchmarks/demo_regime.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/proxy_cost.py
