@@ -282,6 +282,18 @@ def test_a_fall_whose_way_back_is_no_cut_leaves_no_ceiling() -> None:
     assert (decision.reason, decision.limit, decision.state.ceiling) == ("slow_start", 6, None)
 
 
+def test_no_peak_of_under_four_requests_makes_a_fall_or_holds_slow_start() -> None:
+    # A real vLLM on the CPU, steered from 4 under a queue: its first window made a peak of 2.98 requests at
+    # 1,915 tokens/s, 4 served less twice, and the law cut to 3 with a ceiling of 4 that held it there.
+    state = State(4, peak=Peak(2.98, 1915.0), below=1)
+    decision = decide(state, w(running=4, waiting=5, pace=0.006, tps=1500), 100, SLO, TUNING)
+    assert (decision.reason, decision.limit, decision.state.ceiling) == ("slow_start", 6, None)
+    # From a peak of four requests on, the same fall counts (the way back, to 4, is a cut from 6).
+    fallen = decide(replace(state, limit=6, peak=Peak(4.0, 1915.0)), w(running=6, waiting=5, pace=0.006, tps=1500),
+                    100, SLO, TUNING)  # fmt: skip
+    assert (fallen.reason, fallen.limit) == ("past_peak", 4)
+
+
 def test_on_a_prefill_bound_mix_only_a_window_with_a_queue_shows_a_peak() -> None:
     # On the Azure code trace at x2.5 (from 600 s), a quiet window of 10 running and no prompt to prefill served
     # 650 tokens/s; 27 running under a queue, their prompts prefilling, served 390, and the law cut 27 -> 14 -> 10

@@ -153,6 +153,11 @@ KEEP_UP_PROBE = 30.0  # ... where the slope is over KEEP_UP_SLOPE but not surely
 # a tick.
 PREFILL_BOUND = 0.95
 PEAK_BATCH_SPAN = 1.1  # batches within 10% of the peak's are the peak's; a fall needs a batch 10% larger
+# No peak under this batch says that a bigger batch serves less: there one request is a quarter or more of the
+# batch, and a window's tokens/s moves by as much on its own. A real vLLM on the CPU, started at 4 under a
+# queue, saw a peak of 2.98 requests at 1,915 tokens/s in its first window; 4 served under 85% of that twice, and
+# the law cut to 3 and held there under the queue, by the ceiling, to the end of the test.
+MIN_PEAK_BATCH = 4.0
 # Slow start holds where a settled batch past the peak's served under this share of the peak's tokens/s: on an
 # engine whose throughput still rises, a window in a burst can come a few percent under a peak a lucky window set
 # (the published profile's bursty load: 2% under at a batch 35% larger); past the peak, the conversation trace's
@@ -300,8 +305,9 @@ def past_the_peak(peak: Peak | None, limit: int, w: Window, share: float = 1.0) 
     """Whether a window at ``limit`` is past the throughput peak: its batch over PEAK_BATCH_SPAN times the peak's,
     serving under ``share`` of the peak's tokens/s, at a limit above the peak's batch (rounded up, as a move
     rounds it) and above a limit that bound the peak (a batch under it is that limit's, less the turnover: at
-    a binding 12 a real vLLM's peak was a batch of 10.2, and windows at 12 serving less are noise)."""
-    if peak is None or max(math.ceil(peak.batch), peak.limit) >= limit:
+    a binding 12 a real vLLM's peak was a batch of 10.2, and windows at 12 serving less are noise), from a peak
+    of MIN_PEAK_BATCH or more."""
+    if peak is None or peak.batch < MIN_PEAK_BATCH or max(math.ceil(peak.batch), peak.limit) >= limit:
         return False
     return batch_served(w) > PEAK_BATCH_SPAN * peak.batch and w.tokens_per_second < share * peak.tokens_per_second
 
