@@ -56,7 +56,9 @@ baseline. Each tick, in this order:
    batch is the limit less the turnover), and only growth past it can have
    gone past the peak. At a cold start on a real vLLM one window at a
    binding 12 made a peak at a batch of 10, the next ones fell below it, and
-   the law cut to 11 and held there under a queue. A peak seen while the
+   the law cut to 11 and held there under a queue. Nor is a peak of under
+   ``MIN_PEAK_BATCH`` requests, where one request is a quarter of the batch
+   or more. A peak seen while the
    limit did not bind is a smaller batch's own, except on a prefill-bound
    mix: there a quiet window, no prompt to prefill, serves far more tokens/s
    than any batch under a queue does (10 running gave 650 tokens/s, 27 under
