@@ -104,6 +104,13 @@ def ceiling(trace: Sequence[TraceRequest]) -> float:
 
 #: name -> (GPU, model, the steady rate: about 0.8x what it serves within the SLO, found by static sweeps)
 PROFILES = {"article": ("a100-80g", "dense-7b", 3.6), "published": ("a100-40g", "llama-3.1-8b", 17.0)}
+CAPACITY = 256  # every profile's engine: max_num_seqs
+
+
+def engine_of(profile: str) -> Engine:
+    """A fresh engine of ``profile`` (a replay leaves its engine spent)."""
+    gpu, model, _ = PROFILES[profile]
+    return Engine(GPUS[gpu], MODELS[model], max_num_seqs=CAPACITY)
 
 
 def main() -> None:
@@ -113,8 +120,8 @@ def main() -> None:
     parser.add_argument("--profile", choices=sorted(PROFILES), action="append", help="default: both")
     parser.add_argument("--start", type=int, metavar="N", help="the controller's starting limit (default: 32)")
     args = parser.parse_args()
-    if args.start is not None and not 1 <= args.start <= 256:
-        parser.error(f"--start takes a limit of 1 to the engines' 256 slots, got {args.start}")
+    if args.start is not None and not 1 <= args.start <= CAPACITY:
+        parser.error(f"--start takes a limit of 1 to the engines' {CAPACITY} slots, got {args.start}")
     ratios, false_shares = {}, []
     for profile in args.profile or list(PROFILES):
         got, shares = run_profile(profile, args.seconds, args.seed, args.start)
@@ -155,10 +162,10 @@ def run_profile(profile: str, seconds: float, seed: int,
     gpu, model, rate = PROFILES[profile]
 
     def engine() -> Engine:
-        return Engine(GPUS[gpu], MODELS[model], max_num_seqs=256)
+        return engine_of(profile)
 
     ratios, false_shares = {}, []
-    print(f"\n{profile}: {GPUS[gpu].name}, {model}, max_num_seqs 256, steady rate {rate:g}/s; goodput in good "
+    print(f"\n{profile}: {GPUS[gpu].name}, {model}, max_num_seqs {CAPACITY}, steady rate {rate:g}/s; goodput in good "
           "requests/s; shed: share of requests shed (false: share of the sheds that would have been good)"
           + ("" if start is None else f"; the controller starts at {start}"))  # fmt: skip
     print(f"{'workload':9} {'requests':>8} {'ceiling':>7} " + " ".join(f"{p:>8}" for p in ("default", "breaker", "pid",

@@ -27,9 +27,8 @@ from batchlens.control.signals import EngineSample, read_sample, window
 from batchlens.goodput import Outcome, quantile
 from batchlens.replay.policies import Adaptive, Signals
 from batchlens.replay.simulated import replay
-from batchlens.simulator.engine import Engine, SimRequest
-from batchlens.simulator.profiles import GPUS, MODELS
-from controller import PROFILES, SLO, workloads
+from batchlens.simulator.engine import SimRequest
+from controller import PROFILES, SLO, engine_of, workloads
 
 
 class Recording(Adaptive):
@@ -69,11 +68,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    gpu, model, rate = PROFILES["article"]
+    _, _, rate = PROFILES["article"]
     errors: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for trace in workloads(args.seconds, args.seed, rate).values():
         policy = Recording()
-        run = replay(trace, Engine(GPUS[gpu], MODELS[model], max_num_seqs=256), policy, SLO)
+        run = replay(trace, engine_of("article"), policy, SLO)
         for span in (1, 30):  # samples are 2 s apart: windows of 2 s and 60 s
             for earlier, later in zip(policy.samples, policy.samples[span:], strict=False):
                 seen = window(earlier, later)

@@ -23,9 +23,7 @@ from dataclasses import dataclass
 
 from batchlens.replay.policies import Static
 from batchlens.replay.simulated import replay
-from batchlens.simulator.engine import Engine
-from batchlens.simulator.profiles import GPUS, MODELS
-from controller import PROFILES, SLO, ceiling, workloads
+from controller import CAPACITY, PROFILES, SLO, ceiling, engine_of, workloads
 
 FALSE_BOUND = 0.05  # the bound on the share of false sheds
 
@@ -47,21 +45,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    gpu, model, rate = PROFILES[args.profile]
+    _, _, rate = PROFILES[args.profile]
     loads = workloads(args.seconds, args.seed, rate)
     if args.workload not in loads:
         parser.error(f"--workload: one of {', '.join(loads)}, got {args.workload!r}")
-    if not 1 <= args.limit <= 256 or any(cap < 1 for cap in args.cap or ()):
-        parser.error("--limit takes 1 to the engine's 256 slots, and --cap a positive number of tokens")
+    if not 1 <= args.limit <= CAPACITY or any(cap < 1 for cap in args.cap or ()):
+        parser.error(f"--limit takes 1 to the engine's {CAPACITY} slots, and --cap a positive number of tokens")
     trace = loads[args.workload]
 
     def run(cap: int | None):
-        return replay(
-            trace,
-            Engine(GPUS[gpu], MODELS[model], max_num_seqs=256),
-            CappedStatic(args.limit, queued_token_cap=cap),
-            SLO,
-        )
+        return replay(trace, engine_of(args.profile), CappedStatic(args.limit, queued_token_cap=cap), SLO)
 
     alone = run(None).judgement.goodput_rps
     print(f"{args.profile} {args.workload}: {len(trace)} requests, static:{args.limit} alone {alone:.3f} good "

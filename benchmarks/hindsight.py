@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from batchlens.replay.policies import Adaptive, Signals
 from batchlens.replay.simulated import oracle, replay
 from batchlens.simulator.engine import Engine
-from batchlens.simulator.profiles import GPUS, MODELS
-from controller import PROFILES, SLO, workloads
+from batchlens.simulator.profiles import GPUS
+from controller import CAPACITY, PROFILES, SLO, engine_of, workloads
 
 CANDIDATES = (8, 16, 24, 32, 48, 64, 128)
 
@@ -60,7 +60,7 @@ def main() -> None:
     gpu, model, rate = PROFILES[args.profile]
 
     def engine() -> Engine:
-        return Engine(GPUS[gpu], MODELS[model], max_num_seqs=256)
+        return engine_of(args.profile)
 
     segments = int(-(-args.seconds // args.segment))
     print(f"{args.profile}: {GPUS[gpu].name}, {model}; a limit per {args.segment:g} s ({segments} segments) "
@@ -70,7 +70,7 @@ def main() -> None:
     for name, trace in workloads(args.seconds, args.seed, rate).items():
         started = time.perf_counter()
         best, _ = oracle(trace, engine, SLO)
-        base = int(best.policy.partition(":")[2] or 256)
+        base = int(best.policy.partition(":")[2] or CAPACITY)
         chosen: list[int] = []
         score = best.judgement.goodput_rps
         for i in range(segments):
