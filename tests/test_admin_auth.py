@@ -26,10 +26,17 @@ def check(auth: AdminAuth, header, method: str = "GET", path: str = BATCH_PATH, 
     auth.check(header, method, path, body, now=now)
 
 
-def test_no_token_configured_is_503_whatever_the_request_says() -> None:
+def test_no_token_configured_is_503_for_a_change_or_a_credential_whatever_the_request_says() -> None:
     assert refused_with(check, AdminAuth(None), "Bearer anything") == 503
-    assert refused_with(check, AdminAuth(""), None) == 503
+    assert refused_with(check, AdminAuth(""), None, "PUT") == 503
     assert refused_with(check, AdminAuth(None), admin_headers("x", "GET", BATCH_PATH)["Authorization"]) == 503
+
+
+def test_a_read_with_no_credential_is_taken_and_a_change_with_none_never_is() -> None:
+    for auth in (AdminAuth("s3cret"), AdminAuth(None)):
+        check(auth, None, "GET"), check(auth, "", "HEAD")
+        for method in ("PUT", "POST", "DELETE", "PATCH"):
+            assert refused_with(check, auth, None, method) in (401, 503)
 
 
 # "\udcff": the surrogate aiohttp hands on for a header byte that is not UTF-8 (it answered 500, with a traceback)
@@ -40,7 +47,9 @@ def test_no_token_configured_is_503_whatever_the_request_says() -> None:
      f"{SIGNED_SCHEME} s3cret"],
 )  # fmt: skip
 def test_a_missing_or_wrong_token_is_401(header) -> None:
-    assert refused_with(check, AdminAuth("s3cret"), header) == 401
+    assert refused_with(check, AdminAuth("s3cret"), header, "PUT") == 401
+    if header:  # a read that carries a credential has it checked
+        assert refused_with(check, AdminAuth("s3cret"), header) == 401
 
 
 def test_the_right_token_passes_in_any_scheme_case() -> None:
@@ -130,7 +139,7 @@ def test_a_clock_stepped_back_does_not_bring_a_forgotten_signature_back() -> Non
 
 def test_a_compressed_body_is_refused_as_the_signature_covers_the_bytes_sent() -> None:
     refuse_encoded(None), refuse_encoded("identity")
-    assert refused_with(refuse_encoded, "gzip") == 400
+    assert refused_with(refuse_encoded, "gzip") == 415
 
 
 def test_errors_never_echo_the_token() -> None:

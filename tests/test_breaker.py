@@ -285,12 +285,27 @@ def test_no_sequence_of_alert_times_keeps_a_later_genuine_episode_from_acting(ev
             state = (fire(32, starts_at=d.starts_at)(state, now) if d.status == "firing"
                      else on_resolved(state, starts_at=d.starts_at, now=now)).state  # fmt: skip
         state = on_tick(state, now=now, settings=SETTINGS).state
-    # A genuine episode after all that: it starts after every time the webhook took, outside the cooldown.
-    now += MAX_FUTURE_SECONDS + SETTINGS.cooldown_seconds + 1
-    fired = fire(32, starts_at=now)(state, now)
+    # A genuine episode after all that: it starts a second after the last delivery came, whatever times the
+    # deliveries claimed, and is delivered outside the cooldown.
+    starts_at, now = now + 1, now + SETTINGS.cooldown_seconds + 1
+    fired = fire(32, starts_at=starts_at)(state, now)
     assert fired.skipped != "stale" and fired.state.mode in ("tripped", "cold_start"), (fired.action, fired.reason)
     resolved = on_resolved(fired.state, starts_at=now, now=now + 1)
     assert resolved.action == "resolved", resolved.reason  # and its own resolution is never ignored
+
+
+def test_a_resolution_dated_ahead_never_blinds_the_next_episode() -> None:
+    """Issue 57, item 4: a resolution with startsAt now+290 s (inside the webhook's skew allowance), then a new
+    episode from now+5 s. Every firing of it was ignored as stale: a resolution counts as of when it came."""
+    now = 5000.0
+    payload = WebhookPayload.model_validate(notification(alert("a", "resolved", starts_at=now + 290)))
+    [ahead], _ = deliveries(payload, now=now, instances={"a"}, alertnames={BREAKER_ALERT})
+    assert ahead.starts_at == now + 290  # taken: within MAX_FUTURE_SECONDS, a clock may be that far ahead
+    run([
+        (now, resolve(starts_at=ahead.starts_at), "none", {"resolved_through": now}),
+        (now + 10, fire(32, starts_at=now + 5), "halve", {"strikes": 1}),
+        (now + 200, fire(16, starts_at=now + 5), "halve", {"strikes": 2}),  # its repeat, outside the cooldown
+    ])  # fmt: skip
 
 
 def test_a_state_saved_with_a_time_in_the_future_is_cleared_on_load() -> None:

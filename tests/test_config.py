@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from batchlens.config import ConfigError, load_config, mask_url, masked_dump, parse_engine_flag
+from batchlens.config import ConfigError, load_config, masked_dump, parse_engine_flag
+from batchlens.masking import mask_url
 from harness.exporter import BATCHLENS
 
 FILE = """

@@ -222,28 +222,31 @@ def test_a_pod_that_only_wears_the_label_never_gets_a_token(tmp_path) -> None:
 
         config = tmp_path / "exporter.yaml"
         config.write_text(json.dumps({"kubernetes": k8s, "exporter": {"nvml": False}}))
-        api.secret_forbidden.add("team-b")  # RBAC lost on one Secret: its engine sampled without a token
+        hook.stop()  # from here on, every call the API server and the pods get is the exporter's
+        api.requests.clear()
+        hooks_calls = len(api.signers["127.0.0.2"])
         exporter = ExporterProcess(
             tmp_path, [], extra_args=("--config", str(config)), env={"NODE_NAME": "gpu-node-a", **env}
         )
         samples = exporter.wait_for(
             lambda s: (
                 pick(s, "batchlens_batch_limit", vllm_instance="serving/vllm-0")
-                and pick(s, "vllm:num_requests_running", vllm_instance="team-b/vllm-b")
-                and pick(s, "batchlens_source_errors_total", source="kubernetes", reason="token_forbidden")
+                and pick(s, "batchlens_batch_limit", vllm_instance="team-b/vllm-b")
             ),
-            what="both engines sampled, team-b's Secret counted",
+            what="both engines' batch limits, read without a token",
         )
         assert pick(samples, "batchlens_source_errors_total", source="kubernetes", reason="pod_no_admin_token_secret")
         assert api.authorizations["127.0.0.3"] == [] and api.authorizations["127.0.0.4"] == []  # never reached
+        # Issue 57: the exporter only reads, and holds no token: it asks for no Secret, and signs nothing.
+        assert api.requests and not [r for r in api.requests if "/secrets/" in r], api.requests
+        assert set(api.signers["127.0.0.2"][hooks_calls:]) == {None}
 
         # vllm-0 is recreated at a new IP, and its old IP now belongs to a pod that holds no token.
         api.pods = [pod("vllm-0", "127.0.0.6"), pod("impostor", "127.0.0.2", token_secret=None)]
         wait_until(lambda: len(api.authorizations["127.0.0.6"]) >= 2, what="the exporter at vllm-0's new IP")
         before = len(api.authorizations["127.0.0.2"])
         wait_until(lambda: len(api.authorizations["127.0.0.6"]) >= 8, what="more samples at the new IP")
-        assert len(api.authorizations["127.0.0.2"]) == before, "a token still went to vllm-0's old IP"
-        assert set(api.signers["127.0.0.6"]) == {"pod-admin-token"}
+        assert len(api.authorizations["127.0.0.2"]) == before, "the exporter still read vllm-0's old IP"
         # No token ever went on the wire, only signatures: an address that is not the engine learns none.
         seen = str(api.authorizations)
         assert all(t not in seen for t in ("a-shared-token-nobody-should-see", "pod-admin-token", "team-b-token"))
@@ -347,3 +350,22 @@ def test_two_writers_racing_to_fill_a_secret_keep_the_first_ones_tokens(api) -> 
             await second.aclose()
 
     assert asyncio.run(race()) == ([], []) and len(api.patches) == 1 and api.tokens["serving"]
+
+
+def test_a_network_policy_open_to_any_address_for_the_api_server_is_said_at_start(caplog) -> None:
+    """Issue 57, item 3: with networkPolicy.apiServer.cidrs empty, the chart's policy lets both pods reach 443 and
+    6443 anywhere; the chart tells the config so ([]), and each pod's discovery warns when it starts."""
+    from batchlens.discovery.kubernetes import PodLister
+
+    said = {}
+    for cidrs in ([], ["10.0.0.10/32"], None):
+        settings = Kubernetes(discover=True, namespaces=["serving"], api_url=f"http://127.0.0.1:{free_port()}",
+                              api_server_cidrs=cidrs)  # fmt: skip
+        caplog.clear()
+        with caplog.at_level("WARNING", "batchlens.discovery"):
+            asyncio.run(PodLister(settings).aclose())
+        said[str(cidrs)] = caplog.text
+    assert "reach the API server's ports on ANY address" in said["[]"] and "kubectl get endpoints" in said["[]"]
+    assert said["['10.0.0.10/32']"] == said["None"] == ""
+    with pytest.raises(ValidationError, match=r"10\.0\.0\.300/32"):
+        Kubernetes(api_server_cidrs=["10.0.0.300/32"])

@@ -23,7 +23,7 @@ import yaml
 
 from batchlens.admin_auth import POD_NAME_ENV, POD_NAMESPACE_ENV
 from batchlens.artifacts import chart_files, rule_groups
-from batchlens.config import ConfigError, load_config
+from batchlens.config import Config, ConfigError, load_config
 from harness.helm import (
     CHART,
     NAMESPACE,
@@ -203,7 +203,7 @@ def test_the_exporter_runs_on_gpu_nodes_with_the_kubelet_socket_read_only(render
     [container] = pod["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["BATCHLENS_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "vllm-admin-token"
+    assert "BATCHLENS_ADMIN_TOKEN" not in env  # it only reads: no token (test_the_exporter_has_its_own_...)
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert (
         mounts["pod-resources"]["readOnly"] and mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
@@ -244,8 +244,7 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
         bindings = [b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith("-engines")]
         assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces), name
         assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
-        [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
-        k8s = load_config(None, yaml.safe_load(config_map["data"]["config.yaml"]), {}).kubernetes
+        k8s = chart_config(docs).kubernetes
         assert (k8s.namespaces, k8s.admin_token_secret, k8s.admin_token_key) == (namespaces, secret, "token")
         made = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == secret]
         if values.get("adminToken", {}).get("existingSecret"):
@@ -254,8 +253,9 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
             assert sorted(s["metadata"]["namespace"] for s in made) == sorted(namespaces), name
         for workload in of_kind(docs, "DaemonSet") + of_kind(docs, "Deployment"):
             env = {e["name"] for c in workload["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
-            # the environment's token is for static engines only
-            assert ("BATCHLENS_ADMIN_TOKEN" in env) == bool(values.get("engines")), (name, workload["kind"])
+            # the environment's token is the service's, for static engines only: the exporter holds none
+            wanted = bool(values.get("engines")) and workload["kind"] == "Deployment"
+            assert ("BATCHLENS_ADMIN_TOKEN" in env) == wanted, (name, workload["kind"])
     # Rendered with no cluster, each namespace's Secret is left for the service to fill, each with its own token
     # (test_discovery.py::test_the_hook_fills_the_secrets_the_chart_rendered_empty_once_and_restarts_to_read_them).
     two = objects({"discovery": {"namespaces": ["team-a", "team-b"]}})
@@ -264,10 +264,46 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
                           (NAMESPACE, f"{RELEASE}-batchlens-webhook-token"): ["token"]}  # fmt: skip
 
 
+def test_the_exporter_has_its_own_service_account_with_no_right_to_any_secret(rendered) -> None:
+    """Issue 57, item 3: the exporter (root, on every GPU node) ran as the remediation service's ServiceAccount,
+    with get on every admin token Secret and get+patch on the webhook token's: a node's compromise was every
+    engine's. Now it may list the engine namespaces' pods and nothing else, and mounts no token of any kind."""
+    for name, docs in rendered.items():
+        [daemonset] = of_kind(docs, "DaemonSet")
+        [deployment] = of_kind(docs, "Deployment")
+        pod = daemonset["spec"]["template"]["spec"]
+        account = pod["serviceAccountName"]
+        assert account != deployment["spec"]["template"]["spec"]["serviceAccountName"], name
+        [sa] = [a for a in of_kind(docs, "ServiceAccount") if a["metadata"]["name"] == account]
+        assert sa["automountServiceAccountToken"] is True, name  # discovery lists pods
+        roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in of_kind(docs, "Role")}
+        bound = [roles[(b["metadata"]["namespace"], b["roleRef"]["name"])] for b in of_kind(docs, "RoleBinding")
+                 if any(s["name"] == account for s in b["subjects"])]  # fmt: skip
+        assert sorted(r["metadata"]["namespace"] for r in bound) == sorted(VALUES[name]["discovery"]["namespaces"])
+        for role in bound:
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}], (name, role)
+        secrets = [e for c in pod["containers"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+        volumes = [v for v in pod.get("volumes", []) if "secret" in v or "projected" in v]
+        assert not secrets and not volumes, (name, secrets, volumes)
+    notes = render(VALUES["default-values"])[f"{CHART.name}/templates/NOTES.txt"]
+    assert f"the exporter's ServiceAccount\n{RELEASE}-batchlens-exporter may list pods and nothing else" in notes
+    assert f"{RELEASE}-batchlens may list pods and get the Secret {RELEASE}-batchlens-admin-token" in notes
+    # Without discovery the exporter asks the API server nothing: its ServiceAccount mounts no API token.
+    docs = objects({"discovery": {"enabled": False}})
+    [sa] = [a for a in of_kind(docs, "ServiceAccount") if a["metadata"]["name"].endswith("-exporter")]
+    assert sa["automountServiceAccountToken"] is False
+    assert not [b for b in of_kind(docs, "RoleBinding") if b["subjects"][0]["name"] == sa["metadata"]["name"]]
+
+
+def chart_config(docs: list[dict]) -> Config:
+    """The batchlens config the chart's ConfigMap holds, as both pods load it."""
+    [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
+    return load_config(None, yaml.safe_load(config_map["data"]["config.yaml"]), {})
+
+
 def fills(docs: list[dict]) -> dict[tuple[str, str], list[str]]:
     """What the service's config says to fill: (namespace, Secret) -> keys."""
-    [config_map] = [m for m in of_kind(docs, "ConfigMap") if m["metadata"]["name"].endswith("-config")]
-    k8s = load_config(None, yaml.safe_load(config_map["data"]["config.yaml"]), {}).kubernetes
+    k8s = chart_config(docs).kubernetes
     return {(f.namespace, f.name): f.keys for f in k8s.fill_secrets}
 
 
@@ -313,7 +349,8 @@ def test_the_notes_warn_about_the_missing_release_label() -> None:
     notes = render(scoped)[f"{CHART.name}/templates/NOTES.txt"]
     assert "prometheusRule.additionalLabels has no `release` label" in notes and "ignored" in notes
     labelled = {**scoped, "prometheusRule": {"additionalLabels": {"release": "kps"}},
-                "serviceMonitor": {"additionalLabels": {"release": "kps"}}}  # fmt: skip
+                "serviceMonitor": {"additionalLabels": {"release": "kps"}},
+                "networkPolicy": {"apiServer": {"cidrs": ["10.0.0.10/32"]}}}  # fmt: skip
     assert "WARNING" not in render(labelled)[f"{CHART.name}/templates/NOTES.txt"]
 
 
@@ -452,6 +489,7 @@ def test_the_network_policies_allow_exactly_what_the_docs_say(rendered) -> None:
     assert policies["remediate"]["egress"] == [
         engines,
         {"to": [peer(monitoring, **{"app.kubernetes.io/name": "alertmanager"})], "ports": tcp(9093)},
+        {"to": [peer(monitoring, **{"app.kubernetes.io/name": "prometheus"})], "ports": tcp(9090)},  # to confirm
         api,
         DNS,
     ]
@@ -460,12 +498,16 @@ def test_the_network_policies_allow_exactly_what_the_docs_say(rendered) -> None:
     ]
     assert policies["exporter"]["egress"] == [engines, api, DNS]
     assert all(set(p["policyTypes"]) == {"Ingress", "Egress"} for p in policies.values())
-    assert "egress to 443/6443 is open to any" in render(VALUES["default-values"])[f"{CHART.name}/templates/NOTES.txt"]
+    notes = render(VALUES["default-values"])[f"{CHART.name}/templates/NOTES.txt"]
+    assert "WARNING: networkPolicy.apiServer.cidrs is empty" in notes and "ports 443/6443\non ANY address" in notes
+    assert "kubectl get endpoints kubernetes -n default" in notes
+    # ... and both pods say it at start: the config tells them the policy's addresses ([]: any)
+    assert chart_config(rendered["default-values"]).kubernetes.api_server_cidrs == []
 
     # every engine namespace by name, the selector and port discovery uses, the API server by address
     full = {p["metadata"]["name"].rsplit("-", 1)[1]: p["spec"] for p in of_kind(rendered["all-enabled-values"],
                                                                                  "NetworkPolicy")}  # fmt: skip
-    [engine_rule, _am, api_rule, _dns, extra] = full["remediate"]["egress"]
+    [engine_rule, _am, _prometheus, api_rule, _dns, extra] = full["remediate"]["egress"]
     assert engine_rule == {"to": [peer("serving", **vllm), peer("serving-canary", **vllm)], "ports": tcp(8000, 8001)}
     assert api_rule == {"ports": tcp(443, 6443), "to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}]}
     assert extra["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import subprocess
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from batchlens.admin_api import BATCH_PATH
+from batchlens.remediation.store import MAX_PENDING_PER_NAMESPACE
 from harness.admin import AdminClient
 from harness.alertmanager import AlertmanagerServer
 from harness.exporter import ExporterProcess, pick
@@ -425,3 +429,55 @@ def test_with_the_admin_api_on_its_own_port_the_hook_and_the_exporter_use_that_p
     finally:
         for process in (exporter, hook, sim):
             process.stop()
+
+
+def namespaced(fired: dict) -> dict:
+    """The alert as a namespace's Prometheus rule labels it: with the namespace of its vllm_instance."""
+    fired["labels"]["namespace"] = fired["labels"]["vllm_instance"].partition("/")[0]
+    return fired
+
+
+def test_a_namespace_that_floods_fills_its_own_share_gets_503s_and_another_namespaces_alert_is_acted_on(
+    tmp_path, sim, upstreams
+) -> None:
+    """Issue 57, item 2: a tenant floods the webhook for its five engines, whose admin APIs hang (so every
+    delivery waits); the inbox took what fit and answered 200 to the rest (`inbox_full`), and Alertmanager never
+    retried them. Now what does not fit gets a 503, and another namespace's genuine alert, sent mid-flood, acts."""
+    flooded = [f"flood/pod-{k}" for k in range(5)]
+    engines = [{"name": n, "url": upstreams.add(n.replace("/", "-"), behavior="hang", admin={"max_num_seqs": 32}),
+                "labels": {"namespace": "flood"}} for n in flooded]  # fmt: skip
+    engines.append({"name": "quiet/pod", "url": sim.url, "labels": {"namespace": "quiet"}})
+    config = {"engines": engines, "breaker": {"cooldown_seconds": 30}, "remediate": {"store_max_bytes": 4 * 2**20}}
+    hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+    try:
+        statuses: Counter[int] = Counter()
+
+        def flood(first: int) -> None:  # each notification one alert per engine: five deliveries
+            for i in range(first, first + 150):
+                status, _ = hook.post(notification(*(namespaced(alert(name, starts_at=T0 + i)) for name in flooded)))
+                statuses[status] += 1
+
+        threads = [threading.Thread(target=flood, args=(k * 1000,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        eventually(lambda: statuses[503], "the first 503")
+        assert hook.post(notification(namespaced(alert("quiet/pod"))))[0] == 200  # mid-flood, another namespace
+        for thread in threads:
+            thread.join()
+        wait_limit(sim, CAPACITY // 2)
+        # The namespace's share, 1024 deliveries, took 204 notifications; no engine's own 256 was reached.
+        assert set(statuses) == {200, 503} and statuses[200] == MAX_PENDING_PER_NAMESPACE // 5, statuses
+        samples = hook.samples()
+        assert pick(samples, "batchlens_webhook_requests_total", code="503") == {
+            frozenset({("code", "503")}): statuses[503]}  # fmt: skip
+        refused = pick(samples, "batchlens_remediation_deliveries_total", outcome="inbox_full")
+        assert sum(refused.values()) == 5 * statuses[503]
+        with sqlite3.connect(f"file:{hook.state_path}?mode=ro", uri=True) as db:  # what it answered 200 for, kept
+            kept = db.execute("SELECT COUNT(*) FROM inbox WHERE vllm_instance LIKE 'flood/%'").fetchone()[0]
+        assert kept == 5 * statuses[200]
+        [used] = pick(samples, "batchlens_remediation_store_bytes").values()
+        [budget] = pick(samples, "batchlens_remediation_store_budget_bytes").values()
+        assert 0 < used <= budget == 4 * 2**20
+        assert "refused with 503, for Alertmanager to retry" in hook.process.log_path.read_text()
+    finally:
+        hook.stop()

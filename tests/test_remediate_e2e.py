@@ -1,5 +1,7 @@
 """The breaker end to end, time-compressed: load -> simulator -> exporter -> Prometheus (generated rules)
--> Alertmanager (the provisioned routing) -> the hook -> the simulator's admin API.
+-> Alertmanager (the provisioned routing) -> the hook, which confirms the alert with Prometheus -> the simulator's
+admin API. Before the load, the forged-alert attack (tests/attacks/forged_alert.py) runs against the same
+Alertmanager, while Prometheus has seen no breach: it must move nothing.
 
 Time is compressed, not faked: the rules come from `batchlens build` with a 15 s breaker window, the
 breaker route repeats every 5 s, the hook's cooldown is 4 s and its recovery interval 3 s. The simulator
@@ -14,9 +16,11 @@ import time
 
 import pytest
 
+from attacks.forged_alert import forged, post
 from harness.admin import AdminClient
 from harness.alertmanager import AlertmanagerServer, local_config
-from harness.exporter import BATCHLENS, ExporterProcess
+from harness.exporter import BATCHLENS, ExporterProcess, pick
+from harness.procs import wait_until
 from harness.prometheus import PrometheusServer
 from harness.remediate import WEBHOOK_TOKEN, RemediateProcess
 from harness.simulator import SimulatorProcess
@@ -48,9 +52,6 @@ def test_a_breach_is_halved_to_cold_start_paged_and_recovers_when_the_load_drops
                      {"group_wait": "0s", "group_interval": "2s", "repeat_interval": "5s"})  # fmt: skip
         am = AlertmanagerServer(tmp_path / "am", am_port_config)
         procs.append(am)
-        hook.config["remediate"]["alertmanager_url"] = am.url
-        hook.start()
-        procs.append(hook)
         exporter = ExporterProcess(tmp_path, [], interval=0.5, extra_args=("--config", str(config_path)),
                                    env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
         procs.append(exporter)
@@ -61,7 +62,24 @@ def test_a_breach_is_halved_to_cold_start_paged_and_recovers_when_the_load_drops
             alertmanager=f"127.0.0.1:{am.port}",
         )
         procs.append(prometheus)
+        hook.config["remediate"] |= {"alertmanager_url": am.url, "prometheus_url": prometheus.url}
+        hook.start()
+        procs.append(hook)
         admin = AdminClient(sim.url, sim.token)
+        # The attack: Prometheus has seen no breach, and Alertmanager forwards the forged alert with the token.
+        prometheus.wait_for('up{job="batchlens"} == 1')
+        assert post(am.url, [forged("sim")]) == 200
+        wait_until(lambda: pick(hook.samples(), "batchlens_remediation_deliveries_total", outcome="unconfirmed"), 30,
+                   "the forged alert reaching the hook")  # fmt: skip
+        assert admin.state().max_num_active_seqs == CAPACITY, "a forged alert moved the limit"
+        assert hook.health()["engines"]["sim"]["strikes"] == 0
+        assert "Prometheus shows none for this engine" in hook.process.log_path.read_text()
+
+        def paged() -> list[str]:
+            return [a["labels"]["vllm_instance"] for a in am.alerts() if a["labels"].get("reason") == "unconfirmed"]
+
+        wait_until(lambda: paged() == ["sim"], 10, "the unconfirmed alert's page to on-call")
+        assert post(am.url, [forged("sim", resolve=True)]) == 200  # the attacker's alert ends; the real one comes
         slow = f"vllm_instance_model_name_engine:vllm_time_to_first_token_seconds:slow_ratio{WINDOW}"
         request = {"model": "deepseek-sim", "prompt": [1] * 2048, "max_tokens": 256}
         limits, started = [], time.time()
@@ -83,7 +101,7 @@ def test_a_breach_is_halved_to_cold_start_paged_and_recovers_when_the_load_drops
         print(f"breach to first action: {first_action_at - breach_at:.2f} s")
         assert 0 <= first_action_at - breach_at < 20
         pages = [a for a in am.alerts() if a["labels"]["alertname"] == "VllmBreakerEscalation"]
-        assert [p["labels"]["reason"] for p in pages] == ["cold_start"]
+        assert sorted(p["labels"]["reason"] for p in pages) == ["cold_start", "unconfirmed"]
         # The load is gone: the breaker resolves, and the limit climbs back by 3 every 3 s.
         deadline = time.monotonic() + 120
         seen = set()

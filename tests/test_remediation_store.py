@@ -14,14 +14,20 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from batchlens.admin_api import BatchState
 from batchlens.config import Config, Engine
-from batchlens.remediation.alertmanager import AlertmanagerError
 from batchlens.remediation.breaker import EngineState
 from batchlens.remediation.server import RemediationServer
 from batchlens.remediation.service import Remediator
-from batchlens.remediation.store import INBOX_KEEP_SECONDS, MAX_PENDING_PER_ENGINE, Delivery, Store
+from batchlens.remediation.store import (
+    INBOX_KEEP_SECONDS,
+    MAX_PENDING_PER_ENGINE,
+    MAX_PENDING_PER_NAMESPACE,
+    Delivery,
+    InboxFull,
+    Store,
+)
 from batchlens.remediation.webhook import MAX_FUTURE_SECONDS, WebhookPayload, deliveries
+from harness.inprocess import Alertmanager, GatedAdmin
 from harness.procs import free_port
 from harness.remediate import alert, notification
 
@@ -161,13 +167,55 @@ def test_decided_deliveries_are_forgotten_after_a_week_and_pending_ones_never(tm
 
 
 def test_an_engine_with_its_fill_of_deliveries_waiting_takes_no_more_and_the_others_still_do(tmp_path) -> None:
-    """A flood for an engine that cannot be reached stays pending: 3,000 notifications took 4.5 MB in 1.7 s."""
+    """A flood for an engine that cannot be reached stays pending: 3,000 notifications took 4.5 MB in 1.7 s. What
+    does not fit is refused whole (the webhook's 503), never taken in part."""
     store = Store(tmp_path / "s.sqlite")
-    flood = [delivery("stuck") for _ in range(MAX_PENDING_PER_ENGINE + 44)]
-    assert store.accept(flood[:200]) == 0 and store.accept(flood[200:]) == 44
-    assert store.accept([delivery("other")]) == 0
+    store.accept([delivery("stuck") for _ in range(MAX_PENDING_PER_ENGINE - 1)])
+    with pytest.raises(InboxFull, match="stuck has 256 deliveries waiting") as refused:
+        store.accept([delivery("stuck"), delivery("stuck"), delivery("other")])
+    assert refused.value.reason == "inbox_full"
+    store.accept([delivery("stuck"), delivery("other")])
     waiting = [d.vllm_instance for d in store.pending()]
     assert waiting.count("stuck") == MAX_PENDING_PER_ENGINE and waiting.count("other") == 1
+
+
+def test_a_namespace_with_its_share_waiting_takes_no_more_and_another_namespace_still_does(tmp_path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    pods = {f"flood/pod-{k}": "flood" for k in range(8)} | {"quiet/pod": "quiet"}
+    for k in range(MAX_PENDING_PER_NAMESPACE // MAX_PENDING_PER_ENGINE):  # four pods' fill: the namespace's share
+        store.accept([delivery(f"flood/pod-{k}") for _ in range(MAX_PENDING_PER_ENGINE)], pods)
+    with pytest.raises(InboxFull, match="namespace flood has its share"):
+        store.accept([delivery("flood/pod-7")], pods)  # an engine with room, in a namespace without
+    store.accept([delivery("quiet/pod")], pods)
+    assert [d.vllm_instance for d in store.pending()].count("quiet/pod") == 1
+
+
+def test_the_store_stays_within_its_byte_budget_forgetting_the_oldest_decided_deliveries(tmp_path) -> None:
+    store = Store(tmp_path / "s.sqlite", max_bytes=4 * 2**20)
+    batches, size = 300, 200
+    for batch in range(batches):
+        store.accept([delivery(f"engine-{k % 50}") for k in range(size)])
+        # Decided at once, as a hook that keeps up decides them (one statement: a mark_done each is an fsync each)
+        store._db.execute("UPDATE inbox SET done_at = 11.0, outcome = 'halve' WHERE done_at IS NULL")
+        store.log_action({"action": "halve", "batch": batch, "pad": "x" * 2000})
+        assert store.bytes_on_disk() <= store.budget.total, f"batch {batch}: {store.bytes_on_disk()} bytes"
+    ids = [row[0] for row in store._db.execute("SELECT id FROM inbox ORDER BY id")]
+    assert ids[0] > 1 and ids == list(range(ids[0], batches * size + 1)), "not the oldest that went"
+    assert len(ids) > 0.5 * (batches * size - ids[0]), f"{len(ids)} kept: it forgets far more than it must"
+
+
+def test_with_the_budget_full_of_waiting_deliveries_a_notification_is_refused_and_nothing_waiting_is_lost(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr("batchlens.remediation.store.MAX_PENDING_PER_ENGINE", 10**6)
+    monkeypatch.setattr("batchlens.remediation.store.MAX_PENDING_PER_NAMESPACE", 10**6)
+    store = Store(tmp_path / "s.sqlite", max_bytes=4 * 2**20)
+    with pytest.raises(InboxFull, match="byte budget") as full:
+        for _ in range(1000):
+            store.accept([delivery("e") for _ in range(500)])
+    assert full.value.reason == "store_full"
+    waiting = len(store.pending())
+    assert waiting > 10_000 and store.bytes_on_disk() <= store.budget.total
 
 
 def test_the_action_log_moves_aside_at_its_size_bound(tmp_path, monkeypatch) -> None:
@@ -260,38 +308,6 @@ def test_an_engine_whose_admin_token_variable_is_not_set_is_said_at_start(tmp_pa
 def test_the_webhook_token_from_a_secret_file_is_read_without_its_newline(tmp_path) -> None:
     config = Config.model_validate({"remediate": {"state_path": str(tmp_path / "state.db")}})
     assert RemediationServer(config, {"BATCHLENS_WEBHOOK_TOKEN": "tok\n"}).token == "tok"
-
-
-class GatedAdmin:
-    """The admin API's client, in process: its GET answers when the test opens the gate, so a pass can be caught
-    mid-flight (a real engine cannot be paused at one await). The fake boundary is AdminClient's get and put."""
-
-    def __init__(self, limit: int = 64) -> None:
-        self.gate, self.limit, self.gets = asyncio.Event(), limit, 0
-        self.gate.set()
-
-    async def get(self) -> BatchState:
-        self.gets += 1
-        await self.gate.wait()
-        return BatchState(max_num_active_seqs=self.limit, max_num_seqs=64, num_running=0, num_waiting=0)
-
-    async def put(self, limit: int) -> BatchState:
-        self.limit = limit
-        return await self.get()
-
-
-class Alertmanager:
-    """Alertmanager's client, in process: it records what is posted, after refusing the first ``refuse`` posts."""
-
-    def __init__(self, refuse: int = 0) -> None:
-        self.posted: list = []
-        self.calls, self.refuse = 0, refuse
-
-    async def post_alerts(self, alerts) -> None:
-        self.calls += 1
-        if self.calls <= self.refuse:
-            raise AlertmanagerError("POST /api/v2/alerts: 503")
-        self.posted += alerts
 
 
 def test_a_pass_that_ends_while_a_step_reads_the_inbox_is_not_given_its_delivery_again(tmp_path) -> None:

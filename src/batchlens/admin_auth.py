@@ -132,12 +132,19 @@ class AdminAuth:
 
     def check(self, authorization: str | None, method: str, path: str, body: bytes = b"", *,
               now: float | None = None) -> None:  # fmt: skip
-        """Raise the contract's 503 (no token configured) or 401 (missing, wrong, stale or replayed)."""
+        """Raise the contract's 503 (no token configured) or 401 (missing, wrong, stale or replayed) for a change.
+
+        A read (GET or HEAD) with no credential is taken: what it shows (the batch limit, the queue, the caps, the
+        versions) vLLM's own unauthenticated /metrics and /version show too, and the exporter, which only reads,
+        then needs no token at all (docs/security.md). A read that carries a credential has it checked.
+        """
+        if not authorization and method.upper() in ("GET", "HEAD"):
+            return
         if not self.token:
             raise AdminError(
                 503,
-                f"the batchlens admin API is disabled: set {TOKEN_ENV} in the server's environment "
-                "(it changes the batch limit, so it is never open without a token)",
+                f"the batchlens admin API takes no change: set {TOKEN_ENV} in the server's environment "
+                "(a change to the batch limit is never open without a token)",
             )
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != SIGNED_SCHEME.lower():
@@ -180,10 +187,10 @@ class AdminAuth:
 
 
 def refuse_encoded(content_encoding: str | None) -> None:
-    """The contract's 400 for a compressed body: a signature covers the bytes as sent, which one server would
-    see decompressed and another not."""
+    """415 for a compressed body, as every batchlens server answers one (http_server.refuse_encoded_bodies): here
+    also because a signature covers the bytes as sent, which one server would see decompressed and another not."""
     if content_encoding and content_encoding.strip().lower() != "identity":
-        raise AdminError(400, f"Content-Encoding {content_encoding!r} is not taken: send the body as it is")
+        raise AdminError(415, f"Content-Encoding {content_encoding[:64]!r} is not taken: send the body as it is")
 
 
 def bearer_matches(authorization: str | None, token: str) -> bool:

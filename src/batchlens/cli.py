@@ -16,6 +16,7 @@ import sys
 import click
 
 from batchlens import __version__
+from batchlens.masking import MaskingFormatter
 
 #: name -> "module:attribute" of its click command, in the order help lists them.
 COMMANDS = {
@@ -67,9 +68,6 @@ def main(log_level: str) -> None:
     alerts and the remediation hook built on it. Every command reads the same
     config file; `batchlens config show` prints the effective settings.
     """
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])

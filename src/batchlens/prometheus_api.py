@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from batchlens.config import mask_url
+from batchlens.masking import mask_url
 
 #: Prometheus refuses a range query of more than 11,000 points per series.
 MAX_POINTS = 11_000
@@ -57,12 +57,17 @@ class Prometheus:
         """An instant query -> vllm_instance -> value (NaN kept: it means "no data in the range")."""
         return {labels.get("vllm_instance", ""): value for labels, value in await self.vector(expr, at)}
 
-    async def vector(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
-        """An instant query -> (labels, value) per series."""
-        data = await self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
-        if data.get("resultType") != "vector":
-            raise PrometheusError(f"expected a vector for {expr!r}, got {data.get('resultType')!r}")
-        return [(s["metric"], float(s["value"][1])) for s in data["result"]]
+    async def vector(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query -> (labels, value) per series; at Prometheus' own now without ``at``."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        data = await self._get("/api/v1/query", params)
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+            raise PrometheusError(f"expected a vector for {expr!r}, got {kind!r}")
+        try:
+            return [({str(k): str(v) for k, v in s["metric"].items()}, float(s["value"][1])) for s in data["result"]]
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise PrometheusError(f"a malformed vector for {expr!r}: {type(exc).__name__} {exc}") from None
 
     async def range(self, expr: str, start: float, end: float, step: float) -> dict[str, dict[float, float]]:
         """A range query -> vllm_instance -> timestamp -> value, NaN dropped."""

@@ -27,7 +27,11 @@ def local_config(out: Path, hook_url: str, token: str, breaker_timing: dict[str,
 
 
 class AlertmanagerServer:
-    def __init__(self, workdir: Path, config: Path):
+    """One Alertmanager; with ``cluster`` (its own gossip port, then its peers'), a replica of an HA cluster, as
+    kube-prometheus-stack runs them: each replica delivers, and they gossip who sent what."""
+
+    def __init__(self, workdir: Path, config: Path, *, cluster: tuple[int, list[int]] | None = None,
+                 peer_timeout: str = "15s"):  # fmt: skip
         binary = require_binary("prometheus-alertmanager", "prometheus-alertmanager")
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -37,8 +41,14 @@ class AlertmanagerServer:
             f"--config.file={config}",
             f"--storage.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
-            "--cluster.listen-address=",  # no gossip: a single test instance
         ]
+        if cluster is None:
+            argv.append("--cluster.listen-address=")  # no gossip: a single test instance
+        else:
+            gossip, peers = cluster
+            argv += [f"--cluster.listen-address=127.0.0.1:{gossip}", f"--cluster.peer-timeout={peer_timeout}",
+                     "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=1s",
+                     *(f"--cluster.peer=127.0.0.1:{p}" for p in peers)]  # fmt: skip
         self.process = Process("alertmanager", argv, workdir / "alertmanager.log")
         self.process.wait_http(self.url + "/-/ready", timeout=30)
 
@@ -51,6 +61,11 @@ class AlertmanagerServer:
 
     def alerts(self) -> list[dict]:
         status, body = http_get(self.url + "/api/v2/alerts", timeout=10)
+        assert status == 200, body
+        return json.loads(body)
+
+    def status(self) -> dict:
+        status, body = http_get(self.url + "/api/v2/status", timeout=10)
         assert status == 200, body
         return json.loads(body)
 

@@ -121,6 +121,7 @@ class FakeKubernetes:
         self.namespace_of: dict[str, str] = {}  # pod IP -> the namespace whose token its server takes
         self.authorizations: dict[str, list[str]] = {}  # pod IP -> every Authorization header it received
         self.signers: dict[str, list[str | None]] = {}  # pod IP -> per admin call, the token that signed it, or None
+        # (a read with no credential is taken with None, as the plugin takes it)
         self._sites: dict[str, web.TCPSite] = {}
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
@@ -224,9 +225,9 @@ class FakeKubernetes:
         token = self.tokens.get(self.namespace_of[ip])
         name = next((p["metadata"]["name"] for p in self.pods if p.get("status", {}).get("podIP") == ip), "")
         pod = PodIdentity(name, self.namespace_of[ip])  # as the plugin knows its own pod, from the downward API
-        signed = bool(token) and accepted(token, auth, request.method, request.path, body, pod=pod)
-        self.signers[ip].append(token if signed else None)
-        if not signed:
+        taken = accepted(token or "", auth, request.method, request.path, body, pod=pod)  # a bare read is taken
+        self.signers[ip].append(token if taken and auth else None)
+        if not taken:
             return web.json_response({"error": "unauthorized"}, status=401)
         state = self.batch[ip]
         if request.method == "PUT":

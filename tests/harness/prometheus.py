@@ -29,8 +29,9 @@ class PrometheusServer:
         *,
         rule_files: tuple[str, ...] = (),
         interval: str = "1s",
-        alertmanager: str | None = None,
+        alertmanager: str | list[str] | None = None,
     ):
+        """``alertmanager``: host:port of the Alertmanager alerts go to, or of each replica of a cluster."""
         binary = require_binary("prometheus", "prometheus")
         workdir.mkdir(parents=True, exist_ok=True)
         config = {
@@ -39,7 +40,8 @@ class PrometheusServer:
             "scrape_configs": scrape_configs,
         }
         if alertmanager:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+            targets = [alertmanager] if isinstance(alertmanager, str) else alertmanager
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": targets}]}]}
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config))
         self.port = free_port()

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from collections.abc import Mapping
-from ipaddress import ip_address
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -34,6 +35,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from batchlens.masking import mask_url
 
 ENV_PREFIX = "BATCHLENS_"
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
@@ -93,6 +96,20 @@ def http_url(value: str, example: str = "http://127.0.0.1:8000") -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+#: How a URL setting shows in the config's schema: every output masks these (:func:`masked_dump`, :func:`mask_url`).
+URL_FORMAT = "uri"
+
+
+def url_setting(example: str, *, optional: bool = True) -> Any:
+    """The type of a URL setting: checked by :func:`http_url`, and marked in the schema (``format: uri``) so that
+    every output finds it and masks its password. ``optional``: empty means "none"."""
+
+    def check(value: str) -> str:
+        return "" if optional and not value.strip() else http_url(value, example)
+
+    return Annotated[str, AfterValidator(check), Field(json_schema_extra={"format": URL_FORMAT})]
+
+
 #: The article's stage 2 (docs/routing.md): the bulk of the traffic, latency-sensitive requests, prompts over
 #: the long bound, and arrivals after a quiet spell. One engine may serve several roles.
 ROLES = ("main", "interactive", "long", "cold")
@@ -119,7 +136,9 @@ class Engine(_Section):
     """One vLLM server (an API server, which may front several engine cores)."""
 
     name: str = Field("", description="the vllm_instance label; defaults to host:port of the url")
-    url: str = Field(description="vLLM base URL; /metrics and /batchlens/v1/* live under it")
+    url: url_setting("http://127.0.0.1:8000", optional=False) = Field(
+        description="vLLM base URL; /metrics and /batchlens/v1/* live under it"
+    )
     admin_port: int | None = Field(
         None, ge=1, le=65535,
         description="the admin API's own port on the url's host (vLLM with BATCHLENS_ADMIN_PORT); default: the url's",
@@ -173,11 +192,6 @@ class Engine(_Section):
     def admin_token_source(self) -> str:
         """Where the token comes from, in words for a hint: never the token."""
         return self._admin_token_from or f"the variable {self.admin_token_env}"
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        return http_url(value)
 
     @model_validator(mode="after")
     def _default_name(self) -> Engine:
@@ -268,13 +282,18 @@ class Remediate(_Section):
     listen: Listen = "127.0.0.1:9401"
     webhook_token_env: str = "BATCHLENS_WEBHOOK_TOKEN"
     state_path: str = "batchlens-state.sqlite"
-    alertmanager_url: str = Field("", description="Alertmanager to page through (API v2); empty: log pages only")
+    alertmanager_url: url_setting("http://127.0.0.1:9093") = Field(
+        "", description="Alertmanager to page through (API v2); empty: log pages only"
+    )
+    prometheus_url: url_setting("http://127.0.0.1:9090") = Field(
+        "", description="the Prometheus that evaluates the breaker: an alert it does not show firing moves nothing "
+        "(docs/security.md, 'What the hook trusts'); empty: alerts are acted on as delivered, with a warning",
+    )  # fmt: skip
     cluster: str = Field("", description="act only on alerts whose cluster label is this; empty: on every alert")
-
-    @field_validator("alertmanager_url")
-    @classmethod
-    def _alertmanager_url(cls, value: str) -> str:
-        return http_url(value, "http://127.0.0.1:9093") if value.strip() else ""
+    store_max_bytes: int = Field(
+        256 * 2**20, ge=4 * 2**20, description="the state store's byte budget (database, its journal and the action "
+        "log): past it the oldest decided deliveries go, and a delivery that still does not fit gets a 503",
+    )  # fmt: skip
 
 
 class Slo(_Section):
@@ -365,7 +384,7 @@ class Kubernetes(_Section):
     )
     interval_seconds: float = Field(15.0, gt=0, le=3600)
     timeout_seconds: float = Field(5.0, gt=0, le=60)
-    api_url: str = Field(
+    api_url: url_setting("https://127.0.0.1:6443") = Field(
         "", description="an API server without credentials (kubectl proxy); empty: the service account or kubeconfig"
     )
     admin_token_secret: str = Field(
@@ -384,6 +403,10 @@ class Kubernetes(_Section):
         default_factory=list,
         description="Secrets rendered without their tokens (helm template, GitOps): the hook fills them at start",
     )
+    api_server_cidrs: list[str] | None = Field(
+        None, description="the addresses the pods' NetworkPolicy lets them reach the API server on (the chart's "
+        "networkPolicy.apiServer.cidrs); [] is any address, which discovery warns of at start; null: no policy known",
+    )  # fmt: skip
 
     @model_validator(mode="before")
     @classmethod
@@ -396,6 +419,13 @@ class Kubernetes(_Section):
             )
         return data
 
+    @field_validator("api_server_cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str] | None) -> list[str] | None:
+        for cidr in value or ():
+            ip_network(cidr, strict=False)  # ValueError names it: "... does not appear to be an IPv4 or IPv6 network"
+        return value
+
     @model_validator(mode="after")
     def _scoped(self) -> Kubernetes:
         if self.discover and not self.namespaces:
@@ -407,22 +437,16 @@ class Kubernetes(_Section):
             raise ValueError(f"namespaces must name namespaces, got {self.namespaces}")
         return self
 
-    @field_validator("api_url")
-    @classmethod
-    def _api_url(cls, value: str) -> str:
-        return http_url(value, "https://127.0.0.1:6443") if value.strip() else ""
-
 
 class Links(_Section):
     """Where alert annotations point. Alerts leave for Slack and PagerDuty, where a relative link leads nowhere."""
 
-    grafana_url: str = Field("", description="Grafana's base URL for the alerts' dashboard_url; empty: relative")
-    runbook_url: str = Field("", description="base URL of the runbooks (docs/runbooks/ published); empty: relative")
-
-    @field_validator("grafana_url", "runbook_url")
-    @classmethod
-    def _base_url(cls, value: str) -> str:
-        return http_url(value, "https://grafana.example.com") if value.strip() else ""
+    grafana_url: url_setting("https://grafana.example.com") = Field(
+        "", description="Grafana's base URL for the alerts' dashboard_url; empty: relative"
+    )
+    runbook_url: url_setting("https://github.com/batchlens/batchlens/blob/main/docs/runbooks") = Field(
+        "", description="base URL of the runbooks (docs/runbooks/ published); empty: relative"
+    )
 
 
 class Routing(_Section):
@@ -481,8 +505,10 @@ class Routing(_Section):
         "first, at half the queued caps), 0 standard, above 0 critical (never refused by the plugin's door); "
         "docs/admission.md",
     )
-    exporter_url: str = Field("http://127.0.0.1:9400", description="the batchlens exporter the signals come from")
-    proxy_url: str = Field(
+    exporter_url: url_setting("http://127.0.0.1:9400", optional=False) = Field(
+        "http://127.0.0.1:9400", description="the batchlens exporter the signals come from"
+    )
+    proxy_url: url_setting("http://127.0.0.1:4000") = Field(
         "", description="the LiteLLM proxy; the exporter reports whether it answers (empty: not watched)"
     )
     metrics_auth: bool = Field(
@@ -497,20 +523,10 @@ class Routing(_Section):
     signals_timeout_seconds: float = Field(0.5, gt=0, le=10, description="one read of the exporter's /metrics")
     kv_saturated: float = Field(0.9, gt=0, le=1, description="KV usage at which an engine counts as saturated")
 
-    @field_validator("exporter_url")
-    @classmethod
-    def _exporter_url(cls, value: str) -> str:
-        return http_url(value, "http://127.0.0.1:9400")
-
     @field_validator("trusted_key_hashes")
     @classmethod
     def _hashes(cls, value: list[str]) -> list[str]:
         return [h.lower() for h in value]  # hex in either case; LiteLLM's is lower case
-
-    @field_validator("proxy_url")
-    @classmethod
-    def _proxy_url(cls, value: str) -> str:
-        return http_url(value, "http://127.0.0.1:4000") if value.strip() else ""
 
     @field_validator("cold_gap")
     @classmethod
@@ -701,24 +717,40 @@ def load_config(
         raise ConfigError(_format_errors(exc, origin)) from None
 
 
-def mask_url(url: str) -> str:
-    """``url`` with its password, if it has one, as ``***``: fit for a log line or an error message."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"  # the host as written: [::1] keeps its brackets
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+def url_settings(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """The dotted paths of the URL settings (``format: uri`` in the schema), ``name[]`` standing for a list's items."""
+    paths = []
+    for name, field in (model or Config).model_fields.items():
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and extra.get("format") == URL_FORMAT:
+            paths.append(prefix + name)
+        listed = typing.get_origin(field.annotation) is list
+        for sub in typing.get_args(field.annotation) if listed else (field.annotation,):
+            if isinstance(sub, type) and typing.get_origin(sub) is None and issubclass(sub, BaseModel):
+                paths += url_settings(sub, f"{prefix}{name}{'[]' if listed else ''}.")
+    return paths
+
+
+def _mask_at(data: Any, path: list[str]) -> None:
+    head, *rest = path
+    if head.endswith("[]"):
+        for item in data.get(head[:-2]) or []:
+            _mask_at(item, rest)
+    elif rest:
+        _mask_at(data.get(head) or {}, rest)
+    elif isinstance(data.get(head), str):
+        data[head] = mask_url(data[head])
 
 
 def masked_dump(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The effective config as plain data, safe to print: no secret leaves it.
 
-    URL passwords are masked, and a ``secrets`` section says whether each token
-    variable is set, never what it holds.
+    Every URL setting's password is masked, and a ``secrets`` section says whether each token variable is set,
+    never what it holds.
     """
     environ = os.environ if environ is None else environ
     data = config.model_dump(mode="json")
-    for engine in data["engines"]:
-        engine["url"] = mask_url(engine["url"])
+    for path in url_settings():
+        _mask_at(data, path.split("."))
     data["secrets"] = {name: ("set (****)" if environ.get(name) else "NOT SET") for name in config.token_envs()}
     return data

@@ -126,8 +126,10 @@ class Demo:
         config.write_text(yaml.safe_dump({
             "engines": self.engines(),
             "exporter": {"listen": self.address("exporter"), "nvml": False},  # the simulator is the GPU here
+            # The hook acts only on an alert this Prometheus shows firing: one posted to Alertmanager by hand moves
+            # nothing (docs/security.md, "What the hook trusts").
             "remediate": {"listen": self.address("remediate"), "state_path": str(self.run / "remediate.sqlite"),
-                          "alertmanager_url": self.url("alertmanager")},
+                          "alertmanager_url": self.url("alertmanager"), "prometheus_url": self.url("prometheus")},
             # The controller steers the batch limit; the breaker stays the safety layer around it.
             # With it, the door's queued-token cap: past capacity the engine refuses what would miss its TTFT.
             "control": {"enabled": self.steer, "admission": self.steer, "interval_seconds": 2 / self.speed,

@@ -62,9 +62,14 @@ class Discovered:
 
 
 class PodLister:
-    """Lists the pods the settings select, on one node or every node."""
+    """Lists the pods the settings select, on one node or every node.
 
-    def __init__(self, settings: Kubernetes, node: str = ""):
+    ``tokens``: read each namespace's Secret for its engines' tokens (the remediation service). The exporter only
+    reads, which the admin API takes with no credential, so it lists pods and holds no token, nor any right to
+    a Secret (docs/security.md, "Least privilege").
+    """
+
+    def __init__(self, settings: Kubernetes, node: str = "", *, tokens: bool = True):
         try:
             import httpx2
             from lightkube import AsyncClient, KubeConfig
@@ -76,12 +81,19 @@ class PodLister:
                 f"kubernetes.discover is on, but {exc.name} is not installed: pip install 'batchlens[kubernetes]'"
             ) from None
         self._httpx, self._pod, self._secret, self._merge = httpx2, Pod, Secret, PatchType.MERGE
-        self.settings, self.node = settings, node
+        self.settings, self.node, self.tokens = settings, node, tokens
         try:
             config = _anonymous(KubeConfig, settings.api_url) if settings.api_url else KubeConfig.from_env()
         except ConfigError as exc:
             raise RuntimeError(f"kubernetes.discover: no API server to ask ({exc}); set kubernetes.api_url") from None
         self._client = AsyncClient(config, timeout=httpx2.Timeout(settings.timeout_seconds), trust_env=False)
+        if settings.api_server_cidrs == []:
+            log.warning(
+                "the NetworkPolicy lets this pod reach the API server's ports on ANY address "
+                "(kubernetes.api_server_cidrs is empty): set the chart's networkPolicy.apiServer.cidrs to the API "
+                "server's endpoints, from kubectl get endpoints kubernetes -n default -o "
+                "jsonpath='{.subsets[*].addresses[*].ip}' (docs/kubernetes.md)"
+            )
 
     async def engines(self) -> Discovered:
         """The engines among the selected pods of the listed namespaces, each with its own pod's token."""
@@ -89,7 +101,7 @@ class PodLister:
         tokens: dict[str, str] = {}
         webhook_tokens: dict[str, str] = {}
         errors: dict[str, SourceError] = {}
-        for namespace in sorted({e.labels["namespace"] for e in engines}):
+        for namespace in sorted({e.labels["namespace"] for e in engines} if self.tokens else ()):
             try:
                 tokens[namespace], webhook = await self._tokens(namespace)
             except SourceError as exc:
@@ -99,10 +111,11 @@ class PodLister:
                 webhook_tokens[namespace] = webhook
         secret = self.settings.admin_token_secret
         with_tokens = [
-            e.with_admin_token(tokens.get(ns), f"the Secret {ns}/{secret}")
+            e.with_admin_token(tokens.get(ns), f"the Secret {ns}/{secret}" if self.tokens else "no token (reads need "
+                               "none; a plugin from before open reads answers 401: upgrade the engine)")
             for e in engines
             for ns in [e.labels["namespace"]]
-        ]
+        ]  # fmt: skip
         return Discovered(with_tokens, skipped, errors, webhook_tokens)
 
     async def pods(self) -> list:

@@ -21,8 +21,8 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import h11
 
 from batchlens import __version__
-from batchlens.config import mask_url
 from batchlens.exporter.sampler import SourceError
+from batchlens.masking import mask_url
 
 _READ = 64 * 1024
 # Below uvicorn's (so vLLM's and LiteLLM's) 5 s keep-alive: an idle connection is dropped here

@@ -15,7 +15,7 @@ from types import ModuleType
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batchlens import __version__
-from batchlens.config import Config, Engine, mask_url, parse_listen
+from batchlens.config import Config, Engine, parse_listen
 from batchlens.discovery.kubernetes import DiscoverySource, PodLister, node_name
 from batchlens.exporter.host_source import HostSource
 from batchlens.exporter.http_get import HttpGetter
@@ -29,6 +29,7 @@ from batchlens.exporter.sim_gpu_source import SimulatedGpuSource
 from batchlens.exporter.snapshot import SnapshotStore
 from batchlens.exporter.vllm_source import VllmSource
 from batchlens.exporter.worker_thread import DaemonWorker
+from batchlens.masking import mask_url
 
 log = logging.getLogger("batchlens.exporter")
 
@@ -63,7 +64,7 @@ class Exporter:
         # Built here, not at start: a missing extra or API config stops the command with its reason.
         k8s, socket = config.kubernetes, config.exporter.pod_resources_socket
         self._node = node_name(k8s, self._environ) if k8s.discover else ""
-        self._lister = PodLister(k8s, self._node) if k8s.discover else None
+        self._lister = PodLister(k8s, self._node, tokens=False) if k8s.discover else None
         # Asked once per NVML tick, in the NVML thread; a hanging kubelet costs at most this deadline.
         timeout = min(1.0, config.exporter.timeout_seconds)
         self._kubelet = PodResourcesClient(socket, timeout) if socket and config.exporter.nvml else None

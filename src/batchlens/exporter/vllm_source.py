@@ -19,13 +19,14 @@ from pydantic import ValidationError
 
 from batchlens.admin_api import BATCH_PATH, BatchState
 from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
-from batchlens.config import Engine, mask_url
+from batchlens.config import Engine
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ExpositionReader, Family, ParseError
 from batchlens.exporter.render import family_blocks
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
+from batchlens.masking import mask_url
 
 log = logging.getLogger("batchlens.exporter")
 

@@ -9,6 +9,7 @@ import click
 
 from batchlens.clikit import HttpUrl, proxy_options, proxy_via, token_counts
 from batchlens.load.plan import ARRIVALS
+from batchlens.masking import mask_url
 
 
 @click.command()
@@ -104,8 +105,8 @@ def load(
             run(url.rstrip("/"), planned, model=model, timeout=timeout, max_connections=max_connections, via=how)
         )
     except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot load {url}: {exc}") from None
-    rep = {"url": url, "model": used, **report(results, wall)}
-    click.echo(json.dumps(rep, indent=2) if as_json else f"{url} ({used})\n" + format_report(rep))
+        raise click.ClickException(f"cannot load {mask_url(url)}: {exc}") from None
+    rep = {"url": mask_url(url), "model": used, **report(results, wall)}
+    click.echo(json.dumps(rep, indent=2) if as_json else f"{rep['url']} ({used})\n" + format_report(rep))
     if rep["errors"]:
         sys.exit(1)

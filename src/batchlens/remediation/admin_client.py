@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, AdmissionState, BatchState, CacheReset
 from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
-from batchlens.config import mask_url
+from batchlens.masking import mask_url
 
 HINTS = {
     401: f" (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's? "

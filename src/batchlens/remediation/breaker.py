@@ -15,6 +15,8 @@ The rules (DESIGN.md, "Breaker semantics"):
   recorded: retries, HA duplicates, replays and early repeats never act twice.
 - A firing delivery whose ``startsAt`` is no newer than a resolution already
   seen belongs to a finished episode (an out-of-order delivery) and never acts.
+  A resolution counts as of no later than it arrived, whatever its ``startsAt``
+  says: one dated ahead must not mark the next real episode "already resolved".
 - **The overload trap.** When the queue is already ``overload_queue_ratio``
   batches long, latency comes from missing capacity, not from the batch size:
   halving would cut throughput and lengthen the queue. The breaker then holds
@@ -179,7 +181,10 @@ def on_firing(state: EngineState, *, starts_at: float, now: float, obs: Observat
 
 
 def on_resolved(state: EngineState, *, starts_at: float, now: float) -> Decision:
-    newest = starts_at if state.resolved_through is None else max(state.resolved_through, starts_at)
+    # What a resolution marks over is dated no later than it came: an episode that starts after that is a new one,
+    # whatever startsAt the resolution claims (a clock ahead of ours, or a forgery dated ahead to blind the breaker).
+    through = min(starts_at, now)
+    newest = through if state.resolved_through is None else max(state.resolved_through, through)
     state = replace(state, resolved_through=newest)
     if state.episode_starts_at is not None and starts_at < state.episode_starts_at:
         return _none(state, "out-of-order resolution of an older episode: recorded")

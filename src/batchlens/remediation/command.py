@@ -14,6 +14,11 @@ from batchlens.clikit import load as load_or_fail
 @config_option
 @click.option("--listen", metavar="HOST:PORT", help="Where to serve the webhook [default: 127.0.0.1:9401].")
 @click.option("--alertmanager", "alertmanager_url", metavar="URL", help="Alertmanager to page through (API v2).")
+@click.option(
+    "--prometheus", "prometheus_url", metavar="URL",
+    help="The Prometheus that evaluates the breaker: an alert it does not show firing moves nothing "
+    "(remediate.prometheus_url).",
+)  # fmt: skip
 @click.option("--state", "state_path", metavar="PATH", help="SQLite state file [default: batchlens-state.sqlite].")
 @click.option(
     "--dry-run",
@@ -22,8 +27,8 @@ from batchlens.clikit import load as load_or_fail
     help="Decide and log, but change nothing: no batch limit, no admission cap (breaker.dry_run).",
 )
 def remediate(
-    config_path: str | None, listen: str | None, alertmanager_url: str | None, state_path: str | None,
-    dry_run: bool | None,
+    config_path: str | None, listen: str | None, alertmanager_url: str | None, prometheus_url: str | None,
+    state_path: str | None, dry_run: bool | None,
 ) -> None:  # fmt: skip
     """Run the P99 breaker: Alertmanager webhook in, batch limit changes out.
 
@@ -35,6 +40,11 @@ def remediate(
     STATE.actions.jsonl. The webhook needs the bearer token from the variable
     remediate.webhook_token_env names (BATCHLENS_WEBHOOK_TOKEN by default).
 
+    With --prometheus (remediate.prometheus_url) it acts only on an alert that
+    Prometheus shows firing for the engine, and starts recovery only once it
+    shows it resolved: Alertmanager's API takes alerts from anyone, so one
+    posted by hand moves nothing, and pages on-call as "unconfirmed".
+
     With control.enabled it also runs the adaptive controller (docs/control.md):
     every control.interval_seconds it reads each engine's own /metrics and
     steers the limit toward the most good requests per second within the SLO;
@@ -43,7 +53,7 @@ def remediate(
 
     \b
     Examples:
-      batchlens remediate --config batchlens.yaml
+      batchlens remediate --config batchlens.yaml --prometheus http://127.0.0.1:9090
       batchlens remediate --config batchlens.yaml --dry-run      # decide and log, change nothing
 
     \b
@@ -55,7 +65,8 @@ def remediate(
     from batchlens.remediation.server import serve
     from batchlens.remediation.store import StoreError
 
-    overrides = flag_overrides("remediate", listen=listen, alertmanager_url=alertmanager_url, state_path=state_path)
+    overrides = flag_overrides("remediate", listen=listen, alertmanager_url=alertmanager_url,
+                               prometheus_url=prometheus_url, state_path=state_path)  # fmt: skip
     if dry_run:
         overrides["breaker"] = {"dry_run": True}
     config = load_or_fail(config_path, overrides)

@@ -9,7 +9,8 @@ engines only. Without any token configured the route answers 503, secure by defa
 - 200 once the deliveries are in the inbox: the work happens after the reply;
 - 400 for a body that is not a version-4 payload, 401 for a wrong token,
   413 for a body over 1 MiB: Alertmanager does not retry these;
-- 500 only when the inbox cannot be written, so that Alertmanager retries.
+- 503 when the inbox cannot take the notification (its engine's or namespace's share of deliveries waiting, or
+  the store's byte budget), 500 when it cannot be written: Alertmanager retries both, so no alert is lost.
 """
 
 from __future__ import annotations
@@ -36,15 +37,17 @@ from batchlens.config import Config, parse_listen
 from batchlens.control.live import UNSET, Controller
 from batchlens.discovery.kubernetes import PodLister
 from batchlens.exporter.sampler import SourceError
-from batchlens.http_server import run_app
+from batchlens.http_server import application, run_app
+from batchlens.masking import mask_url
 from batchlens.remediation.alertmanager import AlertmanagerClient
 from batchlens.remediation.service import Remediator
 from batchlens.remediation.states import BREAKER_STATES
-from batchlens.remediation.store import Store
+from batchlens.remediation.store import InboxFull, Store
 from batchlens.remediation.webhook import WebhookPayload
 
 log = logging.getLogger("batchlens.remediate")
 MAX_BODY = 1024 * 1024
+RETRY_AFTER_SECONDS = 10  # a full inbox drains as the engines' passes decide it: seconds, not minutes
 WEBHOOK_PATH = "/alertmanager"
 
 
@@ -86,6 +89,12 @@ class HookCollector:
                        r.pages)  # fmt: skip
         yield _counter("batchlens_webhook_requests", "Webhook requests, by HTTP status.", ["code"],
                        {(str(k),): v for k, v in self._server.requests.items()})  # fmt: skip
+        store = self._server.store
+        yield GaugeMetricFamily("batchlens_remediation_store_bytes", "What the hook's state store takes on "
+                                "disk: the database, its journal and the action log.",
+                                value=store.bytes_on_disk())  # fmt: skip
+        yield GaugeMetricFamily("batchlens_remediation_store_budget_bytes", "The state store's byte budget "
+                                "(remediate.store_max_bytes).", value=store.budget.total)  # fmt: skip
         yield _counter("batchlens_remediation_discovery_errors", "Failed looks at the vLLM pods, by reason.",
                        ["reason"], {(k,): v for k, v in self._server.discovery_errors.items()})  # fmt: skip
 
@@ -149,7 +158,7 @@ class RemediationServer:
         # Stripped, as a discovered token is: a Secret mounted --from-file ends in a newline, which no sender sends
         self.token = (self.environ.get(config.remediate.webhook_token_env) or "").strip() or None
         self.requests: Counter[int] = Counter()
-        self.store = Store(config.remediate.state_path)
+        self.store = Store(config.remediate.state_path, config.remediate.store_max_bytes)
         self.remediator: Remediator | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self._session: aiohttp.ClientSession | None = None
@@ -175,10 +184,16 @@ class RemediationServer:
         self._task = asyncio.create_task(self.remediator.run(self._stop), name="remediator")
         if self.token is None:
             log.error("%s is not set: the webhook answers 503 until it is", self.config.remediate.webhook_token_env)
+        prometheus = self.config.remediate.prometheus_url
+        if not prometheus:
+            log.warning("remediate.prometheus_url is not set: alerts are acted on as delivered, unconfirmed, so "
+                        "whoever can post an alert to Alertmanager can halve an engine (docs/security.md)")  # fmt: skip
         log.info(
-            "engines: %s; alertmanager: %s; state: %s; controller: %s%s",
-            ", ".join(self.remediator.engines) or "none", am_url or "none (pages are logged)",
-            self.store.path, self._control_summary(), "; DRY RUN" if self.config.breaker.dry_run else "",
+            "engines: %s; alertmanager: %s; alerts confirmed by: %s; state: %s (budget %s); controller: %s%s",
+            ", ".join(self.remediator.engines) or "none", mask_url(am_url) if am_url else "none (pages are logged)",
+            mask_url(prometheus) if prometheus else "nobody", self.store.path,
+            f"{self.config.remediate.store_max_bytes / 2**20:g} MiB", self._control_summary(),
+            "; DRY RUN" if self.config.breaker.dry_run else "",
         )  # fmt: skip
 
     async def discover(self) -> None:
@@ -271,6 +286,8 @@ class RemediationServer:
             return _error(400, f"not an Alertmanager version 4 payload: {where}: {first['msg']}")
         try:
             summary = await self.remediator.accept(payload, scope)
+        except InboxFull as exc:  # said by the remediator, a flood as one line every few seconds
+            return _error(503, f"{exc}; retry", retry_after=RETRY_AFTER_SECONDS)
         except sqlite3.Error as exc:
             log.error("webhook: cannot write the inbox (%s): answering 500 so that Alertmanager retries", exc)
             return _error(500, "cannot store the notification; retry")
@@ -292,6 +309,7 @@ class RemediationServer:
                 "version": __version__,
                 "engines": engines,
                 "webhook_token": self.token is not None,
+                "confirmed_by": mask_url(self.config.remediate.prometheus_url) or None,
                 "dry_run": self.config.breaker.dry_run,
                 "control": self._control_health(),
             }
@@ -316,7 +334,7 @@ class RemediationServer:
         return {"enabled": True, "dry_run": self.config.control.dry_run, "engines": engines}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self.count_requests])
+        app = application(client_max_size=MAX_BODY, middlewares=(self.count_requests,))
         app.router.add_post(WEBHOOK_PATH, self.handle_webhook)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/healthz", self.handle_healthz)
@@ -325,8 +343,10 @@ class RemediationServer:
         return app
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.Response(status=status, text=json.dumps({"error": message}), content_type="application/json")
+def _error(status: int, message: str, *, retry_after: int | None = None) -> web.Response:
+    headers = {} if retry_after is None else {"Retry-After": str(retry_after)}
+    return web.Response(status=status, text=json.dumps({"error": message}), content_type="application/json",
+                        headers=headers)  # fmt: skip
 
 
 def serve(config: Config) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -36,6 +37,7 @@ import aiohttp
 
 from batchlens.config import Config, Engine
 from batchlens.control.live import Controller
+from batchlens.prometheus_api import PrometheusError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
 from batchlens.remediation.breaker import (
@@ -47,7 +49,8 @@ from batchlens.remediation.breaker import (
     on_tick,
     without_future_times,
 )
-from batchlens.remediation.store import Delivery, Store
+from batchlens.remediation.confirm import Confirmer
+from batchlens.remediation.store import Delivery, InboxFull, Store
 from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, MAX_FUTURE_SECONDS, WebhookPayload, deliveries
 
 log = logging.getLogger("batchlens.remediate")
@@ -57,7 +60,8 @@ MAX_BACKOFF = 60.0
 
 #: Alerts not acted on that mean something is misconfigured or hostile upstream (the others are routine).
 SKIPS_TO_WARN_OF = frozenset({"unknown_instance", "missing_vllm_instance", "missing_cluster", "truncated",
-                              "future_starts_at", "other_namespace", "namespace_mismatch", "inbox_full"})  # fmt: skip
+                              "future_starts_at", "other_namespace", "namespace_mismatch"})  # fmt: skip
+REFUSALS_SAID_EVERY = 10.0  # seconds: a flood's refusals are logged as one line per this, with their count
 
 
 @dataclass
@@ -72,10 +76,14 @@ class Backoff:
         return delay
 
 
+#: Per engine pass, what Prometheus answered for each alert name: firing or not, or why it could not tell.
+Asked = dict[str, "bool | PrometheusError"]
+
+
 @dataclass(frozen=True)
 class Page:
     instance: str
-    reason: str  # cold_start | capacity
+    reason: str  # cold_start | capacity | unconfirmed
     text: str
     resolve: bool = False
 
@@ -93,6 +101,8 @@ class Remediator:
     ):
         self.settings = config.breaker
         self.cluster = config.remediate.cluster
+        prometheus = config.remediate.prometheus_url
+        self.confirmer = Confirmer(session, prometheus, self.cluster) if prometheus else None
         self.store = store
         self.clock = clock
         self.alertmanager = alertmanager
@@ -104,6 +114,8 @@ class Remediator:
         self.states: dict[str, EngineState] = {}
         self._apply_backoff: dict[str, Backoff] = {}
         self._observe_backoff: dict[str, Backoff] = {}
+        self._confirm_backoff: dict[str, Backoff] = {}
+        self._unconfirmed_paged_at: dict[str, float] = {}
         self._passes: dict[str, asyncio.Task] = {}  # each engine's pass in flight (step)
         self._joined: dict[str, float] = {}  # when each engine joined: its breaker's silence counts from there
         self._rejoining: set[str] = set()  # pods recreated under their names, between leaving and joining again
@@ -114,6 +126,7 @@ class Remediator:
         self.actions: Counter[tuple[str, str, str]] = Counter()  # (instance, action, result)
         self.deliveries: Counter[str] = Counter()  # outcome
         self.pages: Counter[tuple[str, str]] = Counter()  # (reason, result)
+        self._refused, self._refused_said_at = 0, -math.inf  # notifications refused since the last line said so
         self._page_queue: list[Page] = []
         self._page_backoff = Backoff()
         self._kv_reset_at: dict[str, float] = {}
@@ -126,23 +139,38 @@ class Remediator:
     # --- the webhook's part: fast, no network ------------------------------------------------------------
 
     async def accept(self, payload: WebhookPayload, scope: Collection[str] | None = None) -> dict[str, int]:
-        """Write the notification's deliveries to the inbox; raises sqlite3.Error if that fails.
+        """Write the notification's deliveries to the inbox, all or none.
 
-        ``scope``: the namespaces whose webhook token sent it (None: the service's own token, any engine).
+        Raises InboxFull when the inbox cannot take them (the webhook answers 503 and Alertmanager retries), and
+        sqlite3.Error when it cannot be written. ``scope``: the namespaces whose webhook token sent it (None: the
+        service's own token, any engine).
         """
         alertnames = {BREAKER_ALERT, KV_ALERT} if self.settings.reset_prefix_cache else {BREAKER_ALERT}
         namespace_of = {name: e.labels.get("namespace", "") for name, e in self.engines.items()}
         keep, skipped = deliveries(payload, now=self.clock(), instances=self.engines, alertnames=alertnames,
                                    cluster=self.cluster, namespace_of=namespace_of, scope=scope)  # fmt: skip
         if keep:
-            if refused := await self.store.run(self.store.accept, keep):
-                skipped["inbox_full"] += refused
+            try:
+                await self.store.run(self.store.accept, keep, namespace_of)
+            except InboxFull as exc:
+                self.deliveries[exc.reason] += len(keep)
+                self._say_refused(exc)
+                raise
             self.wake.set()
         for reason, n in skipped.items():
             self.deliveries[reason] += n
             if reason in SKIPS_TO_WARN_OF:
                 log.warning("webhook: %d alert(s) not acted on: %s", n, reason.replace("_", " "))
-        return {"accepted": len(keep) - skipped["inbox_full"], **skipped}
+        return {"accepted": len(keep), **skipped}
+
+    def _say_refused(self, exc: InboxFull) -> None:
+        """Log a refused notification: the first of a flood at once, the rest as one line every few seconds."""
+        self._refused += 1
+        now = self.clock()
+        if now - self._refused_said_at >= REFUSALS_SAID_EVERY:
+            log.warning("webhook: %d notification(s) refused with 503, for Alertmanager to retry: %s", self._refused,
+                        exc)  # fmt: skip
+            self._refused, self._refused_said_at = 0, now
 
     async def engines_found(self, engines: Sequence[Engine]) -> None:
         """Discovery's engine set: the new ones join with their saved state; the gone leave it saved.
@@ -158,7 +186,7 @@ class Remediator:
             if (task := self._passes.pop(name, None)) is not None:
                 task.cancel()  # nothing more is sent to the address it had
             for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff,
-                          self._joined):  # fmt: skip
+                          self._confirm_backoff, self._joined):  # fmt: skip
                 table.pop(name, None)
             if name not in moved:
                 log.info("%s: the pod is gone; its breaker state stays saved", name)
@@ -187,7 +215,8 @@ class Remediator:
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
         if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)
             log.warning("%s: its saved state held an alert time in the future; dropped, so alerts act again", name)
-        self._apply_backoff[name], self._observe_backoff[name] = Backoff(), Backoff()
+        self._apply_backoff[name], self._observe_backoff[name], self._confirm_backoff[name] = (Backoff(), Backoff(),
+                                                                                             Backoff())  # fmt: skip
 
     # --- the worker ------------------------------------------------------------------------------------
 
@@ -262,9 +291,10 @@ class Remediator:
             log.error("%s: a remediation pass failed; the next one retries", name, exc_info=task.exception())
 
     async def _engine_pass(self, name: str, deliveries: Sequence[Delivery]) -> None:
+        asked: Asked = {}  # one question to Prometheus per alert name and pass, however many deliveries came
         for delivery in deliveries:
-            if not await self._decide(delivery):
-                break  # the engine could not be observed: its later deliveries wait their turn
+            if not await self._decide(delivery, asked):
+                break  # the engine could not be observed, or a resolution not confirmed: the later ones wait their turn
         decision = on_tick(self.states[name], now=self.clock(), settings=self.settings,
                            listening_since=self._joined[name])  # fmt: skip
         if decision.action != "none":
@@ -279,11 +309,14 @@ class Remediator:
             await self.store.run(self.store.mark_done, delivery, self.clock(), "unknown_instance")
             self.deliveries["unknown_instance"] += 1
 
-    async def _decide(self, delivery: Delivery) -> bool:
+    async def _decide(self, delivery: Delivery, asked: Asked) -> bool:
         name = delivery.vllm_instance
         state = self.states[name]
-        if delivery.alertname == KV_ALERT:
-            outcome = await self._reset_prefix_cache(delivery)
+        refused = await self._refusal(delivery, asked)
+        if refused is None:
+            return False
+        if refused or delivery.alertname == KV_ALERT:
+            outcome = refused or await self._reset_prefix_cache(delivery)
             await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
             self.deliveries[outcome] += 1
             return True
@@ -298,6 +331,51 @@ class Remediator:
             )
         await self._conclude(name, decision, self.clock(), delivery)
         return True
+
+    async def _refusal(self, delivery: Delivery, asked: Asked) -> str | None:
+        """What Prometheus says of the delivery: "" when it agrees (or is not asked), the outcome to record instead
+        when it does not ("unconfirmed") or cannot tell ("unconfirmable"), None when a resolution must wait for it.
+
+        A firing that is not confirmed moves nothing and pages; a resolution waits, with backoff, until Prometheus
+        answers, because Alertmanager sends it once and recovery must not start on a forged one.
+        """
+        name, firing = delivery.vllm_instance, delivery.status == "firing"
+        if self.confirmer is None or (delivery.alertname == KV_ALERT and not firing):
+            return ""
+        answer = await self._ask(name, delivery.alertname, asked)
+        what = f"{delivery.alertname} {delivery.status}"
+        if answer is None or (isinstance(answer, PrometheusError) and not firing):
+            if answer is not None:  # said once per question: quiet while the backoff runs
+                log.warning("%s: %s: cannot confirm it with Prometheus: %s; it waits", name, what, answer)
+            return None
+        if answer == firing:
+            return ""
+        if isinstance(answer, PrometheusError):
+            why, outcome = f"Prometheus cannot confirm it ({answer}): not acted on", "unconfirmable"
+        else:
+            shows = "none" if firing else "the alert still firing"
+            why = f"Prometheus shows {shows} for this engine: not acted on; was it posted to Alertmanager by hand?"
+            outcome = "unconfirmed"
+        log.warning("%s: %s: %s", name, what, why)
+        last = self._unconfirmed_paged_at.get(name)
+        if firing and (last is None or self.clock() - last >= self.settings.cooldown_seconds):
+            self._unconfirmed_paged_at[name] = self.clock()  # once per cooldown: a flood of forgeries is one page
+            self._page_queue.append(Page(name, "unconfirmed", f"{what}: {why}"))
+        return outcome
+
+    async def _ask(self, name: str, alertname: str, asked: Asked) -> bool | PrometheusError | None:
+        """Whether Prometheus shows ``alertname`` firing for the engine, once per pass; why it cannot tell; or None
+        while the backoff of its last failure runs."""
+        if alertname not in asked:
+            backoff = self._confirm_backoff[name]
+            if self.clock() < backoff.retry_at:
+                return None
+            try:
+                asked[alertname] = await self.confirmer.firing(alertname, name)
+                backoff.failures = 0
+            except PrometheusError as exc:
+                asked[alertname] = PrometheusError(f"{exc}; asked again in {backoff.failed(self.clock()):.0f} s")
+        return asked[alertname]
 
     async def _observe(self, name: str) -> Observation | None:
         backoff, state = self._observe_backoff[name], self.states[name]

@@ -11,8 +11,12 @@
 - ``<state_path>.actions.jsonl``: one line per action and per attempt to apply
   it, appended and flushed; ``tail -f`` it at 3 a.m.
 
-Both are bounded: a decided delivery is deleted after ``INBOX_KEEP_SECONDS``, and
-the action log moves to ``.1`` (one generation kept) at ``ACTION_LOG_MAX_BYTES``.
+All of it fits a byte budget (``remediate.store_max_bytes``, :class:`Budget`): the action log moves to ``.1``
+(one generation kept) at its share, the journal is cut back to its share at each checkpoint, and the database
+forgets its oldest decided deliveries as it nears its share, and any after ``INBOX_KEEP_SECONDS``. What waits
+to be decided is never forgotten: it is bounded by count instead, per engine and per namespace, so that one
+tenant's flood fills its own share of the inbox and no other's. A delivery that does not fit is refused whole
+(:class:`InboxFull`), and the webhook answers 503, which Alertmanager retries: nothing is dropped in silence.
 
 The connection is used from one thread at a time (the hook's event loop).
 """
@@ -20,11 +24,14 @@ The connection is used from one thread at a time (the hook's event loop).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import math
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +45,12 @@ INBOX_KEEP_SECONDS = 7 * 86400.0  # decided deliveries kept a week, for the 3 a.
 # Deliveries waiting per engine: the breaker acts on one firing per cooldown, so past this a flood (any token
 # holder, a loop upstream, an engine that cannot be reached) would only fill the disk, at megabytes a second.
 MAX_PENDING_PER_ENGINE = 256
+# And per namespace (a tenant's engines; "" the config's own): one tenant's flood leaves the others their room.
+MAX_PENDING_PER_NAMESPACE = 1024
 ACTION_LOG_MAX_BYTES = 16 * 2**20
+JOURNAL_MAX_BYTES = 4 * 2**20
+# The database forgets its oldest decided deliveries once it holds this share of its budget, down to the second.
+PRUNE_AT, PRUNE_TO = 0.9, 0.8
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS engines (
@@ -82,18 +94,51 @@ class Delivery:
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Budget:
+    """The store's byte budget, shared out: the action log's two generations, the journal, the database."""
+
+    total: int
+
+    @property
+    def action_log(self) -> int:
+        return min(ACTION_LOG_MAX_BYTES, self.total // 8)
+
+    @property
+    def journal(self) -> int:
+        return min(JOURNAL_MAX_BYTES, self.total // 16)
+
+    @property
+    def database(self) -> int:
+        return self.total - 2 * self.action_log - self.journal
+
+
+class InboxFull(Exception):
+    """A notification the inbox cannot take, whole: ``reason`` is ``inbox_full`` (its share of deliveries waiting)
+    or ``store_full`` (the byte budget, with nothing decided left to forget). The webhook answers 503."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 class StoreError(Exception):
     """The state file cannot be used: the message says which file and why, and leaves it as it was."""
 
 
 class Store:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, max_bytes: int = 256 * 2**20):
         self.path = Path(path)
+        self.budget = Budget(max_bytes)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")  # an accepted delivery survives a power cut
+            self._page = self._db.execute("PRAGMA page_size").fetchone()[0]
+            # The journal is checkpointed at a quarter of its share, and cut back to its share after each.
+            self._db.execute(f"PRAGMA journal_size_limit={self.budget.journal}")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={max(16, self.budget.journal // 4 // self._page)}")
             self._db.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(
@@ -126,29 +171,80 @@ class Store:
     def save_control(self, instance: str, state: Steering, now: float) -> None:
         self._upsert("controllers", instance, state.to_dict(), now)
 
-    def accept(self, deliveries: list[Delivery]) -> int:
-        """Write a notification's deliveries in one transaction (all or none), and forget old decided ones.
+    def accept(self, deliveries: list[Delivery], namespace_of: Mapping[str, str] | None = None) -> None:
+        """Write a notification's deliveries in one transaction, all or none, and forget old decided ones.
 
-        Returns how many were refused: their engine already had MAX_PENDING_PER_ENGINE waiting to be decided."""
+        ``namespace_of``: each engine's namespace, whose share of waiting deliveries it counts against. Raises
+        :class:`InboxFull` when an engine or a namespace has its fill waiting, or the budget has no room left.
+        """
         if not deliveries:
-            return 0
+            return
         now = max(d.received_at for d in deliveries)
+        space = namespace_of or {}
         with self._transaction():
             self._db.execute("DELETE FROM inbox WHERE done_at < ?", (now - INBOX_KEEP_SECONDS,))
-            waiting = dict(self._db.execute(
+            engines: Counter[str] = Counter(dict(self._db.execute(
                 "SELECT vllm_instance, COUNT(*) FROM inbox WHERE done_at IS NULL GROUP BY vllm_instance"
-            ).fetchall())  # fmt: skip
-            kept = []
+            ).fetchall()))  # fmt: skip
+            namespaces: Counter[str] = Counter()
+            for name, n in engines.items():
+                namespaces[space.get(name, "")] += n
             for d in deliveries:
-                if waiting.get(d.vllm_instance, 0) < MAX_PENDING_PER_ENGINE:
-                    waiting[d.vllm_instance] = waiting.get(d.vllm_instance, 0) + 1
-                    kept.append(d)
+                engines[d.vllm_instance] += 1
+                namespaces[space.get(d.vllm_instance, "")] += 1
+            for name, n in engines.items():
+                if n > MAX_PENDING_PER_ENGINE:
+                    raise InboxFull("inbox_full", f"{name} has {MAX_PENDING_PER_ENGINE} deliveries waiting already")
+            for namespace, n in namespaces.items():
+                if n > MAX_PENDING_PER_NAMESPACE:
+                    raise InboxFull("inbox_full", f"the namespace {namespace or '(the configured engines)'} has its "
+                                    f"share, {MAX_PENDING_PER_NAMESPACE} deliveries, waiting already")  # fmt: skip
+            self._make_room()
             self._db.executemany(
                 "INSERT INTO inbox (received_at, vllm_instance, alertname, status, starts_at, fingerprint) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(d.received_at, d.vllm_instance, d.alertname, d.status, d.starts_at, d.fingerprint) for d in kept],
+                [
+                    (d.received_at, d.vllm_instance, d.alertname, d.status, d.starts_at, d.fingerprint)
+                    for d in deliveries
+                ],
             )
-        return len(deliveries) - len(kept)
+
+    def _database_bytes(self) -> int:
+        """The database's pages in use (its file keeps the free ones, and fills them before it grows)."""
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        return (pages - free) * self._page
+
+    def _make_room(self) -> None:
+        """Near the database's share, forget the oldest decided deliveries; InboxFull when none is left to forget."""
+        share = self.budget.database
+        if self._database_bytes() <= PRUNE_AT * share:
+            return
+        for _ in range(32):  # each round frees what the row count says it should, and pages free unevenly
+            used = self._database_bytes()
+            if used <= PRUNE_TO * share:
+                return
+            rows = self._db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0]
+            n = max(64, math.ceil((used - PRUNE_TO * share) / max(1.0, used / max(rows, 1))))
+            gone = self._db.execute(
+                "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE done_at IS NOT NULL ORDER BY id LIMIT ?)",
+                (n,),
+            ).rowcount
+            if gone == 0:
+                break
+        if self._database_bytes() > PRUNE_AT * share:
+            raise InboxFull("store_full", f"the state store is at its byte budget ({self.budget.total} bytes, "
+                            "remediate.store_max_bytes) with nothing decided left to forget")  # fmt: skip
+
+    def bytes_on_disk(self) -> int:
+        """What the store takes on its volume now: the database, its journal and the action log's generations."""
+        files = (self.path, self.path.with_name(self.path.name + "-wal"), self.path.with_name(self.path.name + "-shm"),
+                 self.action_log, self.action_log.with_name(self.action_log.name + ".1"))  # fmt: skip
+        total = 0
+        for file in files:
+            with contextlib.suppress(OSError):  # not there (yet): nothing on the disk
+                total += file.stat().st_size
+        return total
 
     def pending(self) -> list[Delivery]:
         rows = self._db.execute(
@@ -182,7 +278,7 @@ class Store:
         )
 
     def log_action(self, entry: dict) -> None:
-        if self.action_log.exists() and self.action_log.stat().st_size >= ACTION_LOG_MAX_BYTES:
+        if self.action_log.exists() and self.action_log.stat().st_size >= self.budget.action_log:
             self.action_log.replace(self.action_log.with_name(self.action_log.name + ".1"))
         with self.action_log.open("a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from batchlens.clikit import HttpUrl, config_option, load, proxy_options, proxy_via, writable_folder
+from batchlens.masking import mask_url
 from batchlens.replay.traces import FORMATS, MAX_RATE_SCALE, MIN_RATE_SCALE
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
@@ -169,7 +170,7 @@ def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path |
     from batchlens.replay.live import replay_live
     from batchlens.replay.output import rows, table, write_csv, write_png
 
-    with click.progressbar(length=len(requests), label=f"replaying {len(requests)} requests against {url}",
+    with click.progressbar(length=len(requests), label=f"replaying {len(requests)} requests against {mask_url(url)}",
                            file=sys.stderr) as bar:  # fmt: skip
         try:
             live = asyncio.run(replay_live(url, requests, slo, model=served_model, on_done=lambda _r: bar.update(1),
@@ -177,7 +178,7 @@ def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path |
         except ValueError as exc:  # nobody answered before the first request: nothing was sent
             raise click.ClickException(f"{exc}: nothing was replayed") from None
     if as_json:
-        click.echo(json.dumps({"slo": {"ttft_s": slo.ttft_seconds, "tpot_s": slo.tpot_seconds}, "url": url,
+        click.echo(json.dumps({"slo": {"ttft_s": slo.ttft_seconds, "tpot_s": slo.tpot_seconds}, "url": mask_url(url),
                                "requests": len(requests), "sent": live.sent, "stopped": live.stopped or None,
                                "accounting": {k: asdict(v) for k, v in live.accounting.items()},
                                "policies": rows([live.run]), "classes": rows(list(live.classes.values()))},

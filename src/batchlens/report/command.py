@@ -13,7 +13,7 @@ from batchlens.clikit import (
     writable_folder,
 )
 from batchlens.clikit import load as load_or_fail
-from batchlens.config import mask_url
+from batchlens.masking import mask_url
 
 
 @click.command()

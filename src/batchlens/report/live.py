@@ -21,6 +21,7 @@ from aiohttp import web
 from batchlens import __version__
 from batchlens.config import Thresholds
 from batchlens.http_server import get_app
+from batchlens.masking import mask_url
 from batchlens.prometheus_api import Prometheus, PrometheusError, step_for
 from batchlens.report.data import available, fetch
 from batchlens.report.render import page, png_bytes
@@ -102,7 +103,7 @@ class LiveReport:
 
     async def handle_healthz(self, _request: web.Request) -> web.Response:
         d = self.drawing
-        return web.json_response({"status": "ok", "prometheus": self.url, "draws": self.draws,
+        return web.json_response({"status": "ok", "prometheus": mask_url(self.url), "draws": self.draws,
                                   "failures": self.failures, "drawn_at": d.drawn_at or None,
                                   "error": d.error or None})  # fmt: skip
 

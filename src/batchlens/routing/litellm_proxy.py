@@ -35,7 +35,8 @@ import os
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from batchlens.config import load_config, mask_url
+from batchlens.config import load_config
+from batchlens.masking import mask_url
 from batchlens.routing.proxy_request import (
     caller_of,
     client_priority,

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from batchlens.config import ROLES, Config, Engine, mask_url
+from batchlens.config import ROLES, Config, Engine
+from batchlens.masking import mask_url
 from batchlens.routing.classify import Choice, Request, classify
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.pick import Route, pick

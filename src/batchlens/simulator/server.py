@@ -37,9 +37,9 @@ from batchlens.admin_api import (
     parse_update,
     retry_after,
 )
-from batchlens.admin_auth import AdminAuth, own_pod, refuse_encoded
+from batchlens.admin_auth import AdminAuth, own_pod
 from batchlens.arrivals import ArrivalMetrics
-from batchlens.http_server import run_app
+from batchlens.http_server import application, run_app
 from batchlens.queued_caps import PRIORITY_HEADER, door_priority, plugin_refusal, priority_class, refusal, refusal_body
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
@@ -308,7 +308,6 @@ class Simulator:
     def _admin(self, handler: Callable[[web.Request], Awaitable[BatchState | AdminInfo | CacheReset | AdmissionState]]):
         async def route(request: web.Request) -> web.Response:
             try:
-                refuse_encoded(request.headers.get("Content-Encoding"))  # aiohttp would decompress it
                 self._auth.check(request.headers.get("Authorization"), request.method, request.path,
                                  await request.read())  # fmt: skip
                 reply = await handler(request)
@@ -339,7 +338,7 @@ class Simulator:
 
     def app(self, admin_listen: tuple[str, int] | None = None) -> web.Application:
         """The server; with ``admin_listen``, the admin API on that address alone, as the plugin's own port."""
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/completions", lambda r: self.completions(r, chat=False))
         app.router.add_post("/v1/chat/completions", lambda r: self.completions(r, chat=True))
         app.router.add_get("/v1/models", self.models)
@@ -352,7 +351,7 @@ class Simulator:
         if admin_listen is None:
             self._add_admin_routes(app)
         else:
-            admin = web.Application(client_max_size=MAX_BODY_BYTES)
+            admin = application(client_max_size=MAX_BODY_BYTES)
             self._add_admin_routes(admin)
             app.cleanup_ctx.append(lambda _app: _serving(admin, *admin_listen))
         return app

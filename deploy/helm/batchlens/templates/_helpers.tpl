@@ -45,6 +45,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{- define "batchlens.exporterServiceAccountName" -}}
+{{- if .Values.exporter.serviceAccount.create -}}
+{{- default (printf "%s-exporter" (include "batchlens.fullname" .)) .Values.exporter.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.exporter.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the engines' admin token, and the one holding the webhook token. */}}
 {{- define "batchlens.adminTokenSecret" -}}
 {{- default (printf "%s-admin-token" (include "batchlens.fullname" .)) .Values.adminToken.existingSecret -}}

@@ -1,0 +1,152 @@
+"""The hook confirms an alert with Prometheus before it acts (issue 57): against a real Prometheus whose rules
+fire the breaker's alert for some engines and not others.
+
+The hook's worker runs in process, so that a test can decide each pass; its admin API and Alertmanager clients
+are the fake boundary (harness/inprocess.py): what the test checks is what the hook asks Prometheus and what it
+does with the answer. The whole path through a real Alertmanager is in test_remediate_e2e.py (the forged-alert
+attack) and test_alertmanager_ha.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+import yaml
+
+from batchlens.config import Config
+from batchlens.remediation.breaker import EngineState
+from batchlens.remediation.confirm import Confirmer, alert_series, firing_here
+from batchlens.remediation.service import Remediator
+from batchlens.remediation.store import Store
+from batchlens.remediation.webhook import WebhookPayload
+from harness.inprocess import Alertmanager, GatedAdmin
+from harness.procs import free_port
+from harness.prometheus import PrometheusServer
+from harness.remediate import alert, notification
+
+pytestmark = pytest.mark.e2e
+ODD = 'ns/a"b\\c'  # a name with PromQL's quote and escape in it: the query must still name it, and only it
+FIRING = {"a": {}, ODD: {}, "elsewhere": {"cluster": "other"}}  # engines whose breaker fires, and extra labels
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
+    workdir = tmp_path_factory.mktemp("prom")
+    rules = [{"alert": "VllmP99LatencyBreaker", "expr": "vector(1)",
+              "labels": {"severity": "critical", "vllm_instance": name, **extra}}
+             for name, extra in FIRING.items()]  # fmt: skip
+    (workdir / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "b", "interval": "1s", "rules": rules}]}))
+    server = PrometheusServer(workdir, [], rule_files=(str(workdir / "rules.yml"),))
+    server.wait_for('count(ALERTS{alertstate="firing"}) == 3')
+    yield server
+    server.stop()
+
+
+def test_the_query_names_the_alert_and_the_engine_whatever_its_name_holds() -> None:
+    assert alert_series("VllmP99LatencyBreaker", ODD) == (
+        'ALERTS{alertname="VllmP99LatencyBreaker",alertstate="firing",vllm_instance="ns/a\\"b\\\\c"}'
+    )
+
+
+def test_a_series_confirms_for_this_cluster_only_when_it_is_this_clusters_own() -> None:
+    assert firing_here([{}], "") and firing_here([{}], "here") and firing_here([{"cluster": "here"}], "here")
+    assert not firing_here([{"cluster": "other"}], "here") and not firing_here([], "")
+    assert firing_here([{"cluster": "other"}], "")  # no cluster set: any
+
+
+def test_the_confirmer_asks_a_real_prometheus(prometheus) -> None:
+    async def ask() -> dict[str, bool]:
+        async with aiohttp.ClientSession() as session:
+            confirmer = Confirmer(session, prometheus.url, cluster="here")
+            names = ["a", ODD, "ns/a", "b", "elsewhere"]
+            return {name: await confirmer.firing("VllmP99LatencyBreaker", name) for name in names}
+
+    assert asyncio.run(ask()) == {"a": True, ODD: True, "ns/a": False, "b": False, "elsewhere": False}
+
+
+def run_hook(tmp_path, prometheus_url: str, script, clock=time.time) -> tuple[Remediator, dict, Alertmanager]:
+    """Run ``script(hook, admins)`` against a hook with engines a and b (each its own in-process admin API)."""
+    config = Config.model_validate({
+        "engines": [{"name": n, "url": "http://127.0.0.1:9"} for n in ("a", "b")],
+        "breaker": {"cooldown_seconds": 60}, "remediate": {"prometheus_url": prometheus_url},
+    })  # fmt: skip
+    store = Store(tmp_path / "state.db")
+    am = Alertmanager()
+
+    async def main():
+        async with aiohttp.ClientSession() as session:
+            hook = Remediator(config, store, session, {}, alertmanager=am, clock=clock)
+            admins = {n: GatedAdmin(limit=64) for n in ("a", "b")}
+            hook.admins.update(admins)
+            await script(hook, admins)
+            return hook, admins
+
+    hook, admins = asyncio.run(main())
+    return hook, admins, am
+
+
+async def deliver(hook: Remediator, *alerts: dict) -> None:
+    await hook.accept(WebhookPayload.model_validate(notification(*alerts)))
+    await hook.step()
+    await hook.settle()
+    await hook.step()  # the pages the passes queued
+
+
+def test_a_firing_prometheus_does_not_show_moves_nothing_and_pages_once_per_cooldown(tmp_path, prometheus) -> None:
+    now = time.time()
+
+    async def script(hook, admins) -> None:
+        await deliver(hook, alert("b", starts_at=now - 30))  # forged: Prometheus shows none for b
+        await deliver(hook, alert("b", starts_at=now - 20))  # and again, inside the cooldown
+        await deliver(hook, alert("a", starts_at=now - 30))  # a real breach
+
+    hook, admins, am = run_hook(tmp_path, prometheus.url, script)
+    assert (admins["b"].limit, admins["a"].limit) == (64, 32)
+    assert hook.deliveries["unconfirmed"] == 2 and hook.deliveries["halve"] == 1, hook.deliveries
+    assert hook.states["b"].strikes == 0 and hook.states["b"].firing_seen_at is None  # no episode kept alive
+    assert [(p.labels["vllm_instance"], p.labels["reason"]) for p in am.posted] == [("b", "unconfirmed")]
+    assert "Prometheus shows none" in am.posted[0].annotations["description"]
+
+
+def test_a_resolution_prometheus_still_shows_firing_starts_no_recovery(tmp_path, prometheus) -> None:
+    now = time.time()
+
+    async def script(hook, admins) -> None:
+        await deliver(hook, alert("a", starts_at=now - 30))
+        await deliver(hook, alert("a", "resolved", starts_at=now - 30))  # forged: a still fires
+
+    hook, _admins, am = run_hook(tmp_path, prometheus.url, script)
+    assert hook.states["a"].mode == "tripped" and hook.deliveries["unconfirmed"] == 1, hook.deliveries
+    assert hook.states["a"].resolved_through is None
+    assert am.posted == [], "a resolution not confirmed pages nobody: a flapping alert would"
+
+
+def test_without_prometheus_a_firing_is_not_acted_on_and_a_resolution_waits_for_it(tmp_path, prometheus) -> None:
+    """Prometheus cannot be reached (a port nobody listens on): a firing pages instead of halving; a resolution
+    stays in the inbox, asked again after a backoff, and is decided once Prometheus answers."""
+    now = [time.time()]
+    down = f"http://127.0.0.1:{free_port()}"
+
+    async def script(hook, admins) -> None:
+        await deliver(hook, alert("a", starts_at=now[0] - 30))
+        await hook.store.run(hook.store.save, "b", EngineState(mode="tripped", strikes=1, original_limit=64,
+                             target_limit=32, applied_limit=32, capacity=64, last_action_at=now[0] - 90,
+                             episode_starts_at=now[0] - 100, firing_seen_at=now[0] - 90), now[0])  # fmt: skip
+        hook.states["b"] = (await hook.store.run(hook.store.states))["b"]
+        await deliver(hook, alert("b", "resolved", starts_at=now[0] - 100))
+        assert [d.status for d in await hook.store.run(hook.store.pending)] == ["resolved"]
+        hook.confirmer.url = prometheus.url  # Prometheus is back, but the backoff holds the next question
+        await deliver(hook)
+        assert hook.states["b"].mode == "tripped"
+        now[0] += 2  # past the backoff
+        await deliver(hook)
+
+    hook, admins, am = run_hook(tmp_path, down, script, clock=lambda: now[0])
+    assert admins["a"].limit == 64 and hook.deliveries["unconfirmable"] == 1, hook.deliveries
+    assert [p.labels["reason"] for p in am.posted] == ["unconfirmed"]
+    assert "cannot confirm" in am.posted[0].annotations["description"]
+    assert hook.states["b"].mode == "recovering", "a confirmed resolution starts the recovery"
