@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -26,6 +27,7 @@ from batchlens.artifacts import chart_files, rule_groups
 from batchlens.config import Config, ConfigError, load_config
 from harness.helm import (
     CHART,
+    MONITORING,
     NAMESPACE,
     RELEASE,
     ROOT,
@@ -42,6 +44,7 @@ from harness.prometheus import require_binary
 
 OPERATOR_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor", "AlertmanagerConfig"}
 KUBERNETES = ("1.30.0", "1.37.0")  # the oldest we support here, and the newest kubernetes-validate ships
+KPS = {"monitoringNamespace": MONITORING}  # where kube-prometheus-stack runs: a value every install gives
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +226,8 @@ def test_the_remediation_service_is_one_recreated_replica_with_its_state_on_a_cl
 
 def test_discovery_needs_the_engines_namespaces() -> None:
     with pytest.raises(Exception, match=r"discovery.namespaces: list the namespaces whose vLLM pods are engines"):
-        render({})
-    assert render({"discovery": {"enabled": False}})  # no discovery, nothing to scope
+        render(KPS)
+    assert render({**KPS, "discovery": {"enabled": False}})  # no discovery, nothing to scope
 
 
 def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(rendered) -> None:
@@ -258,7 +261,7 @@ def test_each_engine_namespace_has_its_own_token_and_a_role_that_reads_only_it(r
             assert ("BATCHLENS_ADMIN_TOKEN" in env) == wanted, (name, workload["kind"])
     # Rendered with no cluster, each namespace's Secret is left for the service to fill, each with its own token
     # (test_discovery.py::test_the_hook_fills_the_secrets_the_chart_rendered_empty_once_and_restarts_to_read_them).
-    two = objects({"discovery": {"namespaces": ["team-a", "team-b"]}})
+    two = objects({**KPS, "discovery": {"namespaces": ["team-a", "team-b"]}})
     assert fills(two) == {("team-a", f"{RELEASE}-batchlens-admin-token"): ["token", "webhook-token"],
                           ("team-b", f"{RELEASE}-batchlens-admin-token"): ["token", "webhook-token"],
                           (NAMESPACE, f"{RELEASE}-batchlens-webhook-token"): ["token"]}  # fmt: skip
@@ -289,7 +292,7 @@ def test_the_exporter_has_its_own_service_account_with_no_right_to_any_secret(re
     assert f"the exporter's ServiceAccount\n{RELEASE}-batchlens-exporter may list pods and nothing else" in notes
     assert f"{RELEASE}-batchlens may list pods and get the Secret {RELEASE}-batchlens-admin-token" in notes
     # Without discovery the exporter asks the API server nothing: its ServiceAccount mounts no API token.
-    docs = objects({"discovery": {"enabled": False}})
+    docs = objects({**KPS, "discovery": {"enabled": False}})
     [sa] = [a for a in of_kind(docs, "ServiceAccount") if a["metadata"]["name"].endswith("-exporter")]
     assert sa["automountServiceAccountToken"] is False
     assert not [b for b in of_kind(docs, "RoleBinding") if b["subjects"][0]["name"] == sa["metadata"]["name"]]
@@ -311,7 +314,7 @@ def test_a_render_without_a_cluster_is_the_same_every_time_and_leaves_the_tokens
     """Issue 30: the lookup-kept token was new on every `helm template` (and so every GitOps render). Rendered
     with no cluster, the Secrets carry no token and the fill mark, the service may get and patch those Secrets
     alone, and its pod starts without them (it writes them, then restarts to read them)."""
-    values = {"discovery": {"namespaces": ["serving"]}}
+    values = {**KPS, "discovery": {"namespaces": ["serving"]}}
     assert render(values) == render(values)
     docs = objects(values)
     for secret in of_kind(docs, "Secret"):
@@ -337,7 +340,7 @@ def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
     secrets = of_kind(rendered["all-enabled-values"], "Secret")
     # The service's webhook token stays in the release's namespace (no copy in a tenant's); the admin token is
     # the user's existing Secret, so the chart makes none.
-    assert sorted(s["metadata"]["namespace"] for s in secrets) == ["monitoring"]
+    assert sorted(s["metadata"]["namespace"] for s in secrets) == [NAMESPACE]
     assert all("value" not in json.dumps(s["metadata"]) for s in secrets)
     for path, text in render(VALUES["all-enabled-values"]).items():
         if not path.endswith("secrets.yaml"):
@@ -345,7 +348,7 @@ def test_tokens_are_kept_secret_and_stable_across_renders(rendered) -> None:
 
 
 def test_the_notes_warn_about_the_missing_release_label() -> None:
-    scoped = {"discovery": {"namespaces": ["serving"]}}
+    scoped = {**KPS, "discovery": {"namespaces": ["serving"]}}
     notes = render(scoped)[f"{CHART.name}/templates/NOTES.txt"]
     assert "prometheusRule.additionalLabels has no `release` label" in notes and "ignored" in notes
     labelled = {**scoped, "prometheusRule": {"additionalLabels": {"release": "kps"}},
@@ -391,6 +394,7 @@ def test_amtool_routes_the_breaker_to_the_hook_only_from_the_objects_namespaces(
 def test_each_engine_namespace_gets_a_webhook_token_of_its_own_and_the_config_names_its_key() -> None:
     docs = objects(
         {
+            **KPS,
             "discovery": {"namespaces": ["team-a", "team-b"]},
             "engines": [{"name": "edge", "url": "http://10.0.0.9:8000"}],
         }
@@ -435,7 +439,9 @@ def test_the_pods_meet_pod_security_restricted_but_for_the_exporters_one_documen
     for name, docs in rendered.items():
         [remediate] = [d for d in of_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-remediate")]
         assert restricted_violations(remediate["spec"]["template"]["spec"]) == [], name
-    without = objects({"discovery": {"namespaces": ["serving"]}, "exporter": {"podResources": {"enabled": False}}})
+    without = objects(
+        {**KPS, "discovery": {"namespaces": ["serving"]}, "exporter": {"podResources": {"enabled": False}}}
+    )
     [exporter] = of_kind(without, "DaemonSet")
     assert restricted_violations(exporter["spec"]["template"]["spec"]) == []
     [exporter] = of_kind(rendered["default-values"], "DaemonSet")
@@ -477,7 +483,7 @@ def test_the_network_policies_allow_exactly_what_the_docs_say(rendered) -> None:
     """Issue 30: ingress from any namespace by a label anyone sets, egress to any pod on 8000, DNS anywhere, and
     no policy for the exporter. Each rule here is stated by hand, as docs/kubernetes.md states it."""
     vllm = {"app.kubernetes.io/name": "vllm"}
-    monitoring = NAMESPACE  # the release's, by default
+    monitoring = MONITORING  # kube-prometheus-stack's, never the release's
     policies = {p["metadata"]["name"].rsplit("-", 1)[1]: p["spec"] for p in of_kind(rendered["default-values"],
                                                                                      "NetworkPolicy")}  # fmt: skip
     engines = {"to": [peer("serving", **vllm)], "ports": tcp(8000)}
@@ -526,14 +532,15 @@ def test_as_installed_the_breaker_can_act_and_page(rendered) -> None:
     [configmap] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-config")]
     config = yaml.safe_load(next(iter(configmap["data"].values())))
     assert (
-        load_config(None, config, {}).remediate.alertmanager_url == f"http://alertmanager-operated.{NAMESPACE}.svc:9093"
+        load_config(None, config, {}).remediate.alertmanager_url
+        == f"http://alertmanager-operated.{MONITORING}.svc:9093"
     )
     secret = config["kubernetes"]["admin_token_secret"]
     made = [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == secret]
     assert [s["metadata"]["namespace"] for s in made] == ["serving"]
     assert fills(docs)[("serving", secret)] == ["token", "webhook-token"]  # the service writes both at start
     policy = next(p["spec"] for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"].endswith("-remediate"))
-    assert {"to": [peer(NAMESPACE, **{"app.kubernetes.io/name": "alertmanager"})], "ports": tcp(9093)} in policy[
+    assert {"to": [peer(MONITORING, **{"app.kubernetes.io/name": "alertmanager"})], "ports": tcp(9093)} in policy[
         "egress"
     ]
     other = objects({"discovery": {"namespaces": ["serving"]}, "monitoringNamespace": "kps",
@@ -545,10 +552,83 @@ def test_as_installed_the_breaker_can_act_and_page(rendered) -> None:
 
 
 def test_a_misspelt_config_section_fails_the_render_and_a_misspelt_key_names_itself_when_the_pod_starts() -> None:
-    scoped = {"discovery": {"namespaces": ["serving"]}}
+    scoped = {**KPS, "discovery": {"namespaces": ["serving"]}}
     with pytest.raises(Exception, match=r"config.contol is not a batchlens setting: config takes .*control"):
         render({**scoped, "config": {"contol": {"enabled": True}}})
     docs = objects({**scoped, "config": {"control": {"enabld": True}}})
     [configmap] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"].endswith("-config")]
     with pytest.raises(ConfigError, match=r"control\.enabld"):  # what the pods log, and exit on
         load_config(None, yaml.safe_load(next(iter(configmap["data"].values()))), {})
+
+
+def documented_install() -> tuple[str, str, dict, dict[tuple[str, str], set[str]], dict[str, str]]:
+    """docs/kubernetes.md's install, as a user types it: (release, namespace, the --set values, each Secret its
+    kubectl lines create: (namespace, name) -> keys, and the labels it puts on namespaces: namespace -> label)."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    block = text.split("## Install beside kube-prometheus-stack", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    secrets: dict[tuple[str, str], set[str]] = {}
+    labels: dict[str, str] = {}
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:3] == ["kubectl", "label", "namespace"]:
+            labels[words[3]] = words[4]
+        elif words[:1] == ["kubectl"] and "secret" in words:
+            namespace, name = words[words.index("-n") + 1], words[words.index("generic") + 1]
+            secrets[(namespace, name)] = {w.removeprefix("--from-literal=").split("=", 1)[0] for w in words
+                                          if w.startswith("--from-literal=")}  # fmt: skip
+        elif words[:2] == ["helm", "install"]:
+            release, namespace, values = words[2], words[words.index("-n") + 1], {}
+            for k, word in enumerate(words):
+                if word == "--set":
+                    key, value = words[k + 1].split("=", 1)
+                    *parents, leaf = key.split(".")
+                    node = values
+                    for part in parents:
+                        node = node.setdefault(part, {})
+                    node[leaf] = value[1:-1].split(",") if value.startswith("{") else value
+    return release, namespace, values, secrets, labels
+
+
+def test_the_documented_install_of_the_common_layout_renders_a_chart_that_works() -> None:
+    """Issue 58, item 1: docs/kubernetes.md installed into `-n batchlens` with kube-prometheus-stack in
+    `monitoring`; the policies admitted Prometheus and Alertmanager from `batchlens` only, the hook paged
+    alertmanager-operated.batchlens, and the doc's Secret lacked the key the AlertmanagerConfig reads, so the
+    operator rejected it. Rendered here exactly as the doc's lines say, in a namespace of its own."""
+    release, namespace, values, secrets, labels = documented_install()
+    assert namespace != values["monitoringNamespace"] == "monitoring", "the layout the doc teaches"
+    # The exporter's one exception to Pod Security "restricted" (the kubelet's socket): its namespace says so.
+    assert labels == {namespace: "pod-security.kubernetes.io/enforce=privileged"}
+    docs = [d for path, text in render(values, name=release, namespace=namespace).items() if path.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]  # fmt: skip
+    monitoring = values["monitoringNamespace"]
+    # 1. Only kube-prometheus-stack's pods, where they run, reach batchlens, and batchlens reaches them there.
+    for policy in of_kind(docs, "NetworkPolicy"):
+        rules = policy["spec"]["ingress"] + policy["spec"]["egress"]
+        peers = [
+            p
+            for r in rules
+            for p in r.get("from", []) + r.get("to", [])
+            if "app.kubernetes.io/name" in p.get("podSelector", {}).get("matchLabels", {})
+            and p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] in ("prometheus", "alertmanager")
+        ]
+        assert peers and {p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers} == {
+            monitoring}, policy["metadata"]["name"]  # fmt: skip
+    # 2. The hook pages that Alertmanager, and asks that Prometheus.
+    remediate = chart_config(docs).remediate
+    assert remediate.alertmanager_url == f"http://alertmanager-operated.{monitoring}.svc:9093"
+    assert remediate.prometheus_url == f"http://prometheus-operated.{monitoring}.svc:9090"
+    # 3. Every key the chart reads from the doc's Secret is one the doc's kubectl line creates.
+    name = values["adminToken"]["existingSecret"]
+    for config in of_kind(docs, "AlertmanagerConfig"):
+        for receiver in config["spec"]["receivers"]:
+            for hook in receiver.get("webhookConfigs", []):
+                ref = hook["httpConfig"]["authorization"]["credentials"]
+                if config["metadata"]["namespace"] != namespace:  # an engine namespace's: the doc's Secret
+                    assert ref["name"] == name and ref["key"] in secrets[(config["metadata"]["namespace"], name)]
+    k8s = chart_config(docs).kubernetes
+    for engine_namespace in values["discovery"]["namespaces"]:
+        assert {k8s.admin_token_key, k8s.webhook_token_key} <= secrets[(engine_namespace, name)]
+    # ... and what the chart cannot know offline, it refuses to guess
+    without = {k: v for k, v in values.items() if k != "monitoringNamespace"}
+    with pytest.raises(Exception, match=r"monitoringNamespace: set it to the namespace kube-prometheus-stack"):
+        render(without, name=release, namespace=namespace)

@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "deploy" / "helm" / "batchlens"
 VALUES = {path.stem: yaml.safe_load(path.read_text()) or {} for path in sorted((CHART / "ci").glob("*-values.yaml"))}
 OPERATOR_KINDS = ROOT / "tests" / "harness" / "operator_kinds"
-RELEASE, NAMESPACE = "bl", "monitoring"
+# The common layout (docs/kubernetes.md): batchlens in a namespace of its own, kube-prometheus-stack in
+# "monitoring" (the ci/ values' monitoringNamespace), vLLM in a third. Rendered into "monitoring" itself, a chart
+# that took the release's namespace for the monitoring one passed every test, and failed every real install.
+RELEASE, NAMESPACE, MONITORING = "bl", "batchlens", "monitoring"
 
 
 def helm():

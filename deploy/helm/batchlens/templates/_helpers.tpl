@@ -45,6 +45,34 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/*
+Where kube-prometheus-stack's Prometheus and Alertmanager run: monitoringNamespace, or else the one namespace
+whose Service alertmanager-operated the cluster shows (the operator makes it). Rendered without a cluster
+(helm template), or with none or several, the chart cannot know, and refuses to guess: a wrong guess renders
+NetworkPolicies that block the scrape and the webhook, and pages that go nowhere.
+*/}}
+{{- define "batchlens.monitoringNamespace" -}}
+{{- if .Values.monitoringNamespace -}}
+{{- .Values.monitoringNamespace -}}
+{{- else -}}
+{{- $found := list -}}
+{{- range (lookup "v1" "Service" "" "").items | default list -}}
+{{- if eq .metadata.name "alertmanager-operated" -}}{{- $found = append $found .metadata.namespace -}}{{- end -}}
+{{- end -}}
+{{- $found = uniq $found -}}
+{{- if eq (len $found) 1 -}}
+{{- first $found -}}
+{{- else -}}
+{{- fail (printf "monitoringNamespace: set it to the namespace kube-prometheus-stack runs in (e.g. --set monitoringNamespace=monitoring; `kubectl get svc -A --field-selector metadata.name=alertmanager-operated` shows it). %s" (ternary (printf "The cluster shows Alertmanagers in %s." (join ", " $found)) "None could be looked up (helm template renders without a cluster)." (gt (len $found) 1))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ` --from-literal=<key>="$(openssl rand -hex 20)"` for each of .keys: a Secret with every key the chart reads. */}}
+{{- define "batchlens.secretLiterals" -}}
+{{- range .keys }} --from-literal={{ . }}="$(openssl rand -hex 20)"{{ end -}}
+{{- end -}}
+
 {{- define "batchlens.exporterServiceAccountName" -}}
 {{- if .Values.exporter.serviceAccount.create -}}
 {{- default (printf "%s-exporter" (include "batchlens.fullname" .)) .Values.exporter.serviceAccount.name -}}
