@@ -69,6 +69,19 @@ class Prometheus:
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise PrometheusError(f"a malformed vector for {expr!r}: {type(exc).__name__} {exc}") from None
 
+    async def samples(self, selector: str, seconds: float, at: float) -> list[tuple[dict[str, str], list[tuple]]]:
+        """Every raw sample of ``selector`` in the ``seconds`` before ``at``: (labels, [(time, value), ...]) per
+        series, as stored (no step, no interpolation)."""
+        data = await self._get(
+            "/api/v1/query", {"query": f"{selector}[{max(1, round(seconds))}s]", "time": f"{at:.3f}"}
+        )
+        if not isinstance(data, dict) or data.get("resultType") != "matrix":
+            raise PrometheusError(f"expected a matrix for {selector!r}, got {data.get('resultType')!r}")
+        try:
+            return [(s["metric"], [(float(t), float(v)) for t, v in s["values"]]) for s in data["result"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrometheusError(f"a malformed matrix for {selector!r}: {type(exc).__name__} {exc}") from None
+
     async def range(self, expr: str, start: float, end: float, step: float) -> dict[str, dict[float, float]]:
         """A range query -> vllm_instance -> timestamp -> value, NaN dropped."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}

@@ -53,14 +53,29 @@ class Action:
     count: int
 
 
-def action_queries(seconds: float) -> dict[str, str]:
-    """by -> the query of its counts over the last ``seconds``, one series per engine and kind."""
-    window = f"[{max(1, round(seconds))}s]"
-    return {
-        "breaker": "sum by (vllm_instance, action, result) "
-        f"(increase(batchlens_remediation_actions_total{window})) > 0",
-        "controller": f"sum by (vllm_instance, reason) (increase(batchlens_controller_decisions_total{window})) > 0",
-    }
+#: by -> the counter of its actions, and the labels that say what each series counts.
+ACTION_COUNTERS = {
+    "breaker": ("batchlens_remediation_actions_total", ("action", "result")),
+    "controller": ("batchlens_controller_decisions_total", ("reason",)),
+}
+#: How far before the range a counter's samples are read: a sample there is the count the range starts from.
+#: Prometheus' own lookback: a series without one was born in the range, and its first sample counts.
+LOOKBACK_SECONDS = 300.0
+
+
+def counted(samples: list[tuple[float, float]], start: float) -> float:
+    """How much a counter counted after ``start``, from its raw samples.
+
+    ``increase()`` misses a series' first sample: a counter that first appears at 1 (the hook's first halving)
+    counts 0. Here a series with no sample at or before ``start`` was born in the range, from 0; and a drop is a
+    restart, from 0 again."""
+    last = next((v for t, v in reversed(samples) if t <= start), 0.0)
+    total = 0.0
+    for t, v in samples:
+        if t > start:
+            total += v - last if v >= last else v
+            last = v
+    return total
 
 
 @dataclass
@@ -101,10 +116,12 @@ async def fetch(prometheus: Prometheus, thresholds: Thresholds, start: float, en
     """Run the report's queries from ``start`` to ``end`` and align them, with the actions taken meanwhile."""
     measures = {name: await prometheus.range(expr, start, end, step) for name, expr in queries(thresholds).items()}
     report = align(thresholds, start, end, measures)
-    for by, expr in action_queries(end - start).items():
-        for labels, value in await prometheus.vector(expr, end):
-            what = labels.get("reason") or f"{labels.get('action', '?')}: {labels.get('result', '?')}"
-            report.actions.append(Action(labels.get("vllm_instance", ""), by, what, round(value)))
+    for by, (counter, kinds) in ACTION_COUNTERS.items():
+        counts: dict[tuple[str, str], float] = defaultdict(float)
+        for labels, samples in await prometheus.samples(counter, end - start + LOOKBACK_SECONDS, end):
+            what = ": ".join(labels.get(kind, "?") for kind in kinds)
+            counts[(labels.get("vllm_instance", ""), what)] += counted(samples, start)
+        report.actions += [Action(instance, by, what, round(n)) for (instance, what), n in counts.items() if n > 0]
     report.actions.sort(key=lambda a: (a.vllm_instance, a.by, -a.count, a.what))
     return report
 
