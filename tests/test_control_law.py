@@ -20,7 +20,17 @@ from hypothesis import strategies as st
 
 from batchlens.config import Control
 from batchlens.control.capacity import Capacity, Demand, PaceSlope
-from batchlens.control.law import KEEP_UP_CUT, Peak, State, Tuning, decide, decode_pace, one_slot, prefill_bound
+from batchlens.control.law import (
+    KEEP_UP_CUT,
+    REASONS,
+    Peak,
+    State,
+    Tuning,
+    decide,
+    decode_pace,
+    one_slot,
+    prefill_bound,
+)
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import Histogram, NotFinite, Window, read_sample, window
 from batchlens.control.steering import Steering, bounds_said, steer, tuning
@@ -348,20 +358,6 @@ def situations(draw) -> tuple[State, Window, float]:
     win = w(running=draw(st.integers(0, 100)), waiting=draw(st.integers(0, 100)), kv=draw(st.floats(0, 1)),
             pace=pace, tps=draw(st.floats(0, 1e4)))  # fmt: skip
     return state, win, now
-
-
-REASONS = (
-    "drain",
-    "pace_over",
-    "kv_ceiling",
-    "idle",
-    "app_limited",
-    "keep_up",
-    "past_peak",
-    "slow_start",
-    "headroom",
-    "steady",
-)
 
 
 @pytest.mark.parametrize("reason", REASONS)

@@ -14,10 +14,15 @@ import pytest
 import yaml
 
 from batchlens.config import Thresholds, load_config
+from batchlens.control.admission import CAP_REASONS
+from batchlens.control.law import REASONS as LAW_REASONS
+from batchlens.control.steering import LIVE_REASONS
 from batchlens.dashboards import dashboards
 from batchlens.dashboards.kit import SCHEMA_VERSION, UIDS
 from batchlens.prometheus_api import parse_matrix
-from batchlens.report.data import Point, Report, align
+from batchlens.remediation.breaker import ACTIONS as BREAKER_ACTIONS
+from batchlens.report.data import Action, Firing, Point, Report, align
+from batchlens.report.reasons import BREAKER, CONTROLLER
 from batchlens.report.render import write
 from harness.exporter import BATCHLENS
 from harness.grafana import check_grafana_schema, query_annotations, walk_panels
@@ -230,6 +235,38 @@ def test_the_report_writes_a_png_and_a_page_with_the_table(tmp_path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     text = page.read_text()
     assert 'src="report.png"' in text and "<td>8</td>" in text and "&lt;sim&gt;" in text and "<sim>" not in text
+    assert "No alert fired over this range." in text and "No breaker or controller action" in text
+
+
+def test_the_page_tells_the_story_of_the_range_alerts_actions_and_what_each_means(tmp_path) -> None:
+    """Issue 58, item 2: the page lists the alerts that fired and what each action and reason means, and draws the
+    limit, the door's cap (+Inf: none) and the refusals without choking on an open door or a P99 of 9.5 s."""
+    t0 = 1_800_000_000
+    points = [Point(t0 + t, {"batch_limit": 32 if t < 10 else 16, "throughput": 100.0 + t,
+                             "p99": 9.5 if 10 <= t < 15 else 0.2, "admission_cap": math.inf if t < 12 else 3072.0,
+                             "finished": 4.0, "refused": 0.0 if t < 12 else 2.5, "running": 8, "efficiency": 12.5})
+              for t in range(30)]  # fmt: skip
+    report = Report(Thresholds(), t0, t0 + 29, {"a": points},
+                    [Action("a", "breaker", "halve: decided", 1), Action("a", "controller", "admission_no_signal", 3),
+                     Action("a", "controller", "a_reason_nobody_knows", 1)],
+                    [Firing("VllmP99LatencyBreaker", "a", "critical", t0 + 10, t0 + 15),
+                     Firing("VllmAdmissionShedding", "a", "warning", t0 + 20, None)])  # fmt: skip
+    png, page = write(report, tmp_path)
+    assert png.stat().st_size > 20_000
+    text = page.read_text()
+    assert "<td>VllmP99LatencyBreaker</td><td>a</td><td>critical</td>" in text and "still firing" in text
+    assert "batch limit halved, a strike counted; the decision, as taken" in text
+    assert "the door open" in text  # admission_no_signal, explained
+    assert "see docs/control.md" in text  # a reason the legend does not know is not left bare
+
+
+def test_the_legend_knows_every_action_and_reason_the_code_can_say() -> None:
+    src = ROOT / "src" / "batchlens"
+    door = re.findall(r'"admission_(\w+)"', (src / "control" / "live.py").read_text())  # manual_hold, resumed, error
+    calls = re.findall(r'self\.actions\[\(name, "(\w+)"', (src / "remediation" / "service.py").read_text())
+    controller = {*LAW_REASONS, *LIVE_REASONS, *(f"admission_{r}" for r in (*CAP_REASONS, *door))}
+    assert door and calls and controller - CONTROLLER.keys() == set()
+    assert {*BREAKER_ACTIONS, *calls} - BREAKER.keys() == set()
 
 
 def test_the_report_names_an_unreachable_prometheus(tmp_path) -> None:

@@ -14,10 +14,12 @@ import os
 import re
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from batchlens.admin_api import ADMISSION_PATH
 from batchlens.prometheus_api import step_for
 from batchlens.report.command import REPORT_POINTS
 from harness.admin import AdminClient
@@ -67,6 +69,19 @@ NO_DATA_HERE = {
 }
 
 
+@dataclass
+class Stack:
+    prometheus: PrometheusServer
+    sim: SimulatorProcess  # still serving: a test may load it again, and puts it back as it found it
+
+    @property
+    def url(self) -> str:
+        return self.prometheus.url
+
+    def api(self, path: str, **params: str) -> dict:
+        return self.prometheus.api(path, **params)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboards")
@@ -79,7 +94,8 @@ def stack(tmp_path_factory):
     # The hook in dry run: its breaker state, strikes and actions and its controller's estimates and decisions
     # fill the control dashboard, while the batch limit stays the test's to step.
     breaker = {"dry_run": True, "cooldown_seconds": 1, "overload_queue_ratio": 100}
-    control = {"enabled": True, "dry_run": True, "interval_seconds": 0.5}
+    # With the door (dry run too): the hook reads the queued-token cap in force, and exports it for the page.
+    control = {"enabled": True, "dry_run": True, "interval_seconds": 0.5, "admission": True}
     hook = RemediateProcess(tmp, {"engines": [{"name": "sim", "url": sim.url}], "breaker": breaker,
                                   "control": control}, env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
     prometheus = PrometheusServer(
@@ -98,7 +114,7 @@ def stack(tmp_path_factory):
                 admin.set_limit(limit)
                 hook.post(notification(alert("sim", "firing" if limit < LIMITS[-1] else "resolved")))
                 time.sleep(PHASE_SECONDS)
-        yield prometheus
+        yield Stack(prometheus, sim)
     finally:
         prometheus.stop()
         hook.stop()
@@ -232,8 +248,10 @@ def test_batchlens_advise_is_stable_lists_every_limit_and_agrees_with_itself(sta
 
 def test_the_report_page_shows_the_view_in_a_real_browser(stack, tmp_path) -> None:
     """`batchlens report --watch`: the dashboards' view without Grafana, checked in headless Chromium (Playwright):
-    it loads, draws the charts from this Prometheus, lists every batch limit and the hook's actions, logs no
-    console error, and says what is wrong when Prometheus is not there."""
+    it loads, draws the charts from this Prometheus, lists every batch limit, the alerts that fired and the hook's
+    actions with what each means, logs no console error, and says what is wrong when Prometheus is not there.
+    Then an overload phase (a batch of 1 under 8 clients, and a queued-token cap set by hand that refuses what
+    does not fit): the page, seen during it, tells it (docs/report/live-overload.png)."""
     port, down = free_port(), free_port()
     # every 5 s: the page's own reload comes well after the visit's 1.5 s look at it, on a loaded machine too
     live = Process("report", [BATCHLENS, "report", "--prometheus", stack.url, "--watch", "--every", "5",
@@ -241,24 +259,55 @@ def test_the_report_page_shows_the_view_in_a_real_browser(stack, tmp_path) -> No
     nowhere = Process("report-down", [BATCHLENS, "report", "--prometheus", f"http://127.0.0.1:{free_port()}",
                                       "--watch", "--every", "5", "--listen", f"127.0.0.1:{down}"],
                       tmp_path / "report-down.log")  # fmt: skip
+    shots = ROOT / "docs" / "report" if WRITE_SCREENSHOT else tmp_path
+    admin = AdminClient(stack.sim.url, stack.sim.token)
+
+    def draws() -> int:
+        return json.loads(http_get(url + "/healthz")[1] or b"{}").get("draws", 0)
+
     try:
         url = f"http://127.0.0.1:{port}"
         live.wait_http(url + "/healthz", 30)
         nowhere.wait_http(f"http://127.0.0.1:{down}/healthz", 30)
-        wait_until(lambda: json.loads(http_get(url + "/healthz")[1] or b"{}").get("draws", 0) >= 2,
-                   timeout=60, what="two drawings")  # fmt: skip
-        seen = visit(url + "/", ROOT / "docs" / "report" / "live.png" if WRITE_SCREENSHOT else tmp_path / "live.png")
+        wait_until(lambda: draws() >= 2, timeout=60, what="two drawings")
+        seen = visit(url + "/", shots / "live.png")
         assert seen.console_errors == [] and seen.failed_requests == [], (seen.console_errors, seen.failed_requests)
         assert seen.title == "batchlens: batch efficiency trend report"
         [image] = seen.images
-        assert image["naturalWidth"] > 1000 and image["naturalHeight"] > 400, image  # the three charts, drawn
+        assert image["naturalWidth"] > 1000 and image["naturalHeight"] > 800, image  # the five charts, drawn
         assert seen.tables["operating-points"] == 1 + len(LIMITS), seen.tables  # a header and a row per limit
         assert seen.tables["actions"] > 1 and "controller" in seen.text and "breaker" in seen.text, seen.text
+        assert "see docs/control.md" not in seen.text, "a reason on the page has no meaning in the legend"
+        assert seen.tables["alerts"] > 1 and "VllmP99LatencyBreaker" in seen.text, seen.text  # the limit-1 phase
         assert "Waiting for data" not in seen.text
         wait_until(lambda: b"cannot read" in http_get(f"http://127.0.0.1:{down}/")[1], what="the error said")
         seen_down = visit(f"http://127.0.0.1:{down}/")
         assert "Waiting for data: cannot read" in seen_down.text and seen_down.console_errors == []
         assert http_get(f"http://127.0.0.1:{down}/report.png")[0] == 404
+
+        request = {"model": "deepseek-sim", "prompt": [1] * 1024, "max_tokens": 200}
+        admin.set_limit(1)
+        status, _ = admin.request("PUT", ADMISSION_PATH, json.dumps({"max_num_queued_tokens": 3 * 1024}).encode())
+        assert status == 200
+        try:
+            with stack.sim.clients(8, lambda i: request):
+                # What the page draws from: the refusals, and the hand's cap as the hook reads it
+                for expr, what in (
+                    (
+                        "sum(vllm_instance_model_name_reason:vllm_admission_rejections:rate1m) > 0",
+                        "refusals at the door",
+                    ),
+                    ("batchlens_admission_cap_tokens == 3072", "the cap"),
+                ):
+                    wait_until(lambda expr=expr: stack.prometheus.query(expr), timeout=30, what=f"{what} in Prometheus")
+                drawn = draws()
+                wait_until(lambda: draws() >= drawn + 2, timeout=30, what="drawings during the overload")
+                during = visit(url + "/", shots / "live-overload.png")
+        finally:
+            admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_tokens": null}')
+            admin.set_limit(LIMITS[-1])
+        assert during.console_errors == [] and during.failed_requests == [], during.console_errors
+        assert during.images[0]["naturalWidth"] > 1000 and during.tables["alerts"] > 1, during.tables
     finally:
         live.stop()
         nowhere.stop()

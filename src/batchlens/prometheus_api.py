@@ -84,9 +84,13 @@ class Prometheus:
 
     async def range(self, expr: str, start: float, end: float, step: float) -> dict[str, dict[float, float]]:
         """A range query -> vllm_instance -> timestamp -> value, NaN dropped."""
+        return by_instance(await self.matrix(expr, start, end, step))
+
+    async def matrix(self, expr: str, start: float, end: float, step: float) -> list[tuple[dict, dict]]:
+        """A range query -> (labels, timestamp -> value) per series, NaN dropped."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
         try:
-            return parse_matrix(await self._get("/api/v1/query_range", params))
+            return parse_series(await self._get("/api/v1/query_range", params))
         except ValueError as exc:
             raise PrometheusError(f"{exc}, for {expr!r}") from None
 
@@ -114,13 +118,25 @@ class Prometheus:
 
 def parse_matrix(data: dict) -> dict[str, dict[float, float]]:
     """A range query's result (resultType matrix) -> vllm_instance -> timestamp -> value; NaN dropped."""
+    return by_instance(parse_series(data))
+
+
+def by_instance(series: list[tuple[dict[str, str], dict[float, float]]]) -> dict[str, dict[float, float]]:
+    out: dict[str, dict[float, float]] = {}
+    for labels, values in series:
+        out.setdefault(labels.get("vllm_instance", ""), {}).update(values)
+    return out
+
+
+def parse_series(data: dict) -> list[tuple[dict[str, str], dict[float, float]]]:
+    """A range query's result (resultType matrix) -> (labels, timestamp -> value) per series; NaN dropped."""
     if data.get("resultType") != "matrix":
         raise ValueError(f"expected a matrix from Prometheus, got {data.get('resultType')!r}")
-    out: dict[str, dict[float, float]] = {}
-    for series in data["result"]:
-        values = {float(t): float(v) for t, v in series["values"] if not math.isnan(float(v))}
-        out.setdefault(series["metric"].get("vllm_instance", ""), {}).update(values)
-    return out
+    try:
+        return [(series["metric"], {float(t): float(v) for t, v in series["values"] if not math.isnan(float(v))})
+                for series in data["result"]]  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"a malformed matrix: {type(exc).__name__} {exc}") from None
 
 
 def step_for(seconds: float, points: int) -> float:

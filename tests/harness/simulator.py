@@ -48,17 +48,16 @@ class SimulatorProcess:
     def clients(self, count: int, payload: Callable[[int], dict | None]) -> Iterator[None]:
         """``count`` closed-loop clients posting completions while the block runs.
 
-        Client ``i`` posts ``payload(i)`` again as soon as its reply comes, or idles while that is None.
+        Client ``i`` posts ``payload(i)`` again as soon as its reply comes, or idles while that is None. Refused
+        (a door's 503), it waits a moment first, as a client told to retry after a while does.
         """
         stop = threading.Event()
 
         def client(i: int) -> None:
             while not stop.is_set():
                 body = payload(i)
-                if body is None:
+                if body is None or self.post("/v1/completions", body)[0] != 200:
                     time.sleep(0.2)
-                else:
-                    self.post("/v1/completions", body)
 
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(count)]
         for thread in threads:

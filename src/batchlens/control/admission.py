@@ -90,12 +90,15 @@ def poisson_quantile(mean: float, p: float) -> int:
     return n
 
 
+#: Why the door's cap is what it is: no_signal is no saturated window yet (an engine idle since the hook started,
+#: or one it cannot read). control/live.py adds manual_hold and resumed, and counts error where a set fails.
+CAP_REASONS = ("estimated", "too_few_windows", "stale", "no_signal")
+
+
 @dataclass(frozen=True)
 class CapDecision:
     cap: int | None  # the queued-token cap to have in force; None: no cap (the door open)
-    # estimated, too_few_windows, stale or no_signal (no saturated window yet: an engine idle since the hook
-    # started, or one it cannot read); live, also manual_hold or resumed (control/live.py)
-    reason: str
+    reason: str  # one of CAP_REASONS; live, also manual_hold or resumed
     prefill_tokens_per_second: float | None  # the estimate the cap rests on
 
 

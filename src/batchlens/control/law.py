@@ -196,10 +196,15 @@ class State:
     over: int = 0  # windows in a row whose pace was over the SLO
 
 
+#: Every reason the law gives (docs/control.md's table), in the order it tries them.
+REASONS = ("drain", "pace_over", "kv_ceiling", "idle", "app_limited", "keep_up", "past_peak", "slow_start", "headroom",
+           "steady")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Decision:
     state: State
-    reason: str  # drain, pace_over, kv_ceiling, idle, app_limited, keep_up, past_peak, slow_start, headroom, steady
+    reason: str  # one of REASONS
 
     @property
     def limit(self) -> int:

@@ -116,10 +116,14 @@ class EngineState:
         return cls(**{k: v for k, v in data.items() if k in known}, paged=tuple(data.get("paged") or ()))
 
 
+#: What a decision can do ("none" aside).
+ACTIONS = ("halve", "cold_start", "hold_overload", "raise", "recovered", "resolved")
+
+
 @dataclass(frozen=True)
 class Decision:
     state: EngineState
-    action: str  # halve | cold_start | hold_overload | raise | recovered | resolved | none
+    action: str  # one of ACTIONS, or none
     reason: str
     set_limit: int | None = None  # the absolute limit to PUT: replaying it never halves twice
     page: str | None = None  # "cold_start" or "capacity": page on-call for this, once per episode

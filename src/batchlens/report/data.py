@@ -3,7 +3,9 @@
 Each measure is one PromQL query over the recording rules, aggregated by
 ``vllm_instance``; :func:`align` joins them on timestamps, so a row is one
 operating point: throughput, P99, GPU memory busy, KV usage, running batch,
-batch limit, all at the same instant.
+batch limit, the door's cap, the requests finished and refused, all at the same
+instant. Beside them, the story of the range: the alerts that fired, and what
+the breaker and the controller did.
 """
 
 from __future__ import annotations
@@ -31,7 +33,40 @@ def queries(thresholds: Thresholds) -> dict[str, str]:
         "running": f"sum {by} ({LEVEL}:vllm_num_requests_running:avg1m)",
         "efficiency": f"max {by} ({LEVEL}:vllm_batch_efficiency:ratio1m)",
         "batch_limit": f"max {by} (batchlens_batch_limit)",
+        # the hook's, with control.admission: +Inf while the door is open
+        "admission_cap": f"min {by} (batchlens_admission_cap_tokens)",
+        "finished": f"sum {by} ({LEVEL}:vllm_request_success:rate1m)",
+        "refused": f"sum {by} ({LEVEL}_reason:vllm_admission_rejections:rate1m)",
     }
+
+
+#: The alerts the page lists: every one that fired, by name and engine.
+ALERTS_QUERY = 'max by (alertname, vllm_instance, severity) (ALERTS{alertstate="firing"})'
+
+
+@dataclass(frozen=True)
+class Firing:
+    """An alert that fired over the range: from its first step firing to its last (None: still at the end)."""
+
+    alertname: str
+    vllm_instance: str
+    severity: str
+    start: float
+    end: float | None
+
+
+def firings(series: dict[tuple[str, str, str], list[float]], step: float, range_end: float) -> list[Firing]:
+    """Each run of consecutive steps an alert fired in, as one firing (a gap of more than a step ends one)."""
+    out = []
+    for (name, instance, severity), times in series.items():
+        times = sorted(times)
+        first = prev = times[0]
+        for t in [*times[1:], math.inf]:
+            if t - prev > 1.5 * step:
+                out.append(Firing(name, instance, severity, first, None if prev >= range_end - 1.5 * step else prev))
+                first = t
+            prev = t
+    return sorted(out, key=lambda f: (f.start, f.alertname, f.vllm_instance))
 
 
 @dataclass
@@ -85,6 +120,7 @@ class Report:
     end: float
     points: dict[str, list[Point]]  # vllm_instance -> points in time order
     actions: list[Action] = field(default_factory=list)
+    alerts: list[Firing] = field(default_factory=list)
 
     def per_limit(self) -> list[dict]:
         """Averages per (engine, batch limit): the operating points table."""
@@ -123,6 +159,11 @@ async def fetch(prometheus: Prometheus, thresholds: Thresholds, start: float, en
             counts[(labels.get("vllm_instance", ""), what)] += counted(samples, start)
         report.actions += [Action(instance, by, what, round(n)) for (instance, what), n in counts.items() if n > 0]
     report.actions.sort(key=lambda a: (a.vllm_instance, a.by, -a.count, a.what))
+    fired: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for labels, values in await prometheus.matrix(ALERTS_QUERY, start, end, step):
+        key = (labels.get("alertname", "?"), labels.get("vllm_instance", ""), labels.get("severity", ""))
+        fired[key] += list(values)
+    report.alerts = firings(fired, step, end)
     return report
 
 
