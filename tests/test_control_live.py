@@ -516,3 +516,38 @@ def test_the_breaker_keeps_the_doors_figures_when_the_admin_api_times_out_under_
 
     obs = asyncio.run(observe())
     assert obs is not None and obs.door is not None and obs.door.queue_bound(obs.waiting)
+
+
+def test_while_the_breaker_recovers_the_controller_steers_under_its_ceiling(
+    tmp_path, monkeypatch, upstreams, vllm_exposition
+) -> None:
+    """Issue 58, item 7: the demo logged `raise: recovery: -> 38` while the limit stayed at 27, and the controller
+    counted `breaker_open` all through the recovery: the controller held at the breaker's cut until it closed.
+    The engine is an upstream (harness/upstreams.py) over real HTTP; the law is the real one, watched."""
+    url = engine(upstreams, "a", vllm_exposition, limit=27)
+    config = Config.model_validate({"engines": [{"name": "a", "url": url}], "control": {"enabled": True}})
+    told: list[bool] = []
+
+    def steer(*args, breaker_open: bool, **kwargs) -> Tick:
+        told.append(breaker_open)
+        return live_steer(*args, breaker_open=breaker_open, **kwargs)
+
+    monkeypatch.setattr("batchlens.control.live.steer", steer)
+    c = Controller(config, Store(tmp_path / "hook.db"), admins={})
+
+    async def tick(breaker: EngineState) -> None:
+        async with aiohttp.ClientSession() as session:
+            c._admins = {"a": AdminClient(session, url, TOKEN)}
+            await c._tick_one("a", time.time(), {"a": breaker})
+        await c._http.aclose()
+
+    breakers = {mode: EngineState(mode=mode, target_limit=limit, applied_limit=27)
+                for mode, limit in (("tripped", 27), ("cold_start", 1), ("recovering", 38))}  # fmt: skip
+    for breaker in breakers.values():
+        asyncio.run(tick(breaker))
+    assert told == [True, True, False], "the law is held only while the breaker is tripped or in cold start"
+    grown = replace(c.states["a"], law=replace(c.states["a"].law, limit=45))
+    c.states["a"] = grown
+    assert c.wanted("a", breakers["recovering"], time.time()) == 38, "the breaker's limit is its ceiling"
+    assert c.wanted("a", breakers["tripped"], time.time()) == 27
+    assert c.wanted("a", EngineState(), time.time()) == 45

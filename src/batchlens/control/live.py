@@ -52,6 +52,14 @@ class Estimate:
     goodput_rps: float
 
 
+def holds(breaker: EngineState) -> bool:
+    """Whether the breaker's limit holds the controller's: tripped or in cold start, the controller may cut, never
+    raise. Recovering, the breaker's limit is a ceiling that grows a step per recovery interval, and the
+    controller steers under it (:meth:`Controller.wanted`): held instead, it stayed where the breaker had cut it
+    while the log said the breaker raised, until the breaker closed."""
+    return breaker.mode in ("tripped", "cold_start")
+
+
 class Controller:
     def __init__(
         self,
@@ -102,7 +110,8 @@ class Controller:
         self._dry_run_said: dict[str, int | None] = {}  # instance -> the cap a dry run last said it would set
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
-        """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open.
+        """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open
+        (its limit a floor it holds to while tripped, a ceiling while recovering).
 
         None leaves the breaker's target alone: control is off for this engine (dry run, paused by hand, or not
         yet started).
@@ -188,7 +197,7 @@ class Controller:
         ours = {breaker.applied_limit, breaker.target_limit, before.limit}
         result = steer(
             before, now=now, in_force=batch.max_num_active_seqs, set_by_batchlens=ours,
-            breaker_open=breaker.mode != "closed", signals=signals, slo=self.slo, control=self.control,
+            breaker_open=holds(breaker), signals=signals, slo=self.slo, control=self.control,
             capacity=batch.max_num_seqs, door=self._door_works(name),
         )  # fmt: skip
         self.decisions[(name, result.reason)] += 1

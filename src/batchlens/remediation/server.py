@@ -301,8 +301,10 @@ class RemediationServer:
         # target_limit: what the hook wants in force, the controller's or the breaker's, as
         # batchlens_batch_limit_target says; applied_limit: the last limit it set, or the one in force it found at
         # start on an engine it never set (a dry run sets none).
+        # breaker_limit: the breaker's own (a ceiling the controller steers under while it recovers).
         engines = {name: {"mode": s.mode, "strikes": s.strikes, "target_limit": r.target(name),
-                          "applied_limit": s.applied_limit} for name, s in r.states.items()}  # fmt: skip
+                          "breaker_limit": s.target_limit, "applied_limit": s.applied_limit}
+                   for name, s in r.states.items()}  # fmt: skip
         return web.json_response(
             {
                 "status": "ok",

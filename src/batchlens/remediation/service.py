@@ -423,9 +423,12 @@ class Remediator:
                  "mode": decision.state.mode, "dry_run": self.settings.dry_run}  # fmt: skip
         await self.store.run(self.store.log_action, entry)
         self.actions[(name, decision.action, "decided")] += 1
-        log.warning(
-            "%s: %s: %s%s", name, decision.action, decision.reason, " (dry run)" if self.settings.dry_run else ""
-        )
+        steered = self.target(name)
+        # Under control, recovery raises the breaker's ceiling; the controller steers under it.
+        under = f" (the breaker's ceiling; the controller steers under it, at {steered})" if (
+            decision.action == "raise" and steered != decision.state.target_limit) else ""  # fmt: skip
+        log.warning("%s: %s: %s%s%s", name, decision.action, decision.reason, under,
+                    " (dry run)" if self.settings.dry_run else "")  # fmt: skip
 
     async def _save(self, name: str, state: EngineState, delivery: Delivery | None = None, outcome: str = "") -> None:
         await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
