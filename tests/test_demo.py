@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -92,6 +93,11 @@ def test_the_demo_comes_up_breaches_reach_the_hook_and_it_stops_cleanly(tmp_path
             assert demo.alive() and time.monotonic() - t0 < UP_WITHIN, demo.log_tail()
             time.sleep(0.5)
         assert "grafana      not found, not started: see https://grafana.com" in demo.log_tail()
+        # Every URL the demo prints answers (Debian's Prometheus 2.42 has no /alerts: the demo printed a 404)
+        printed = re.findall(r"^  (\S+) +(http://\S+)$", demo.log_path.read_text(), re.MULTILINE)
+        assert dict(printed).keys() >= {"prometheus", "alertmanager", "report", "remediate"}, printed
+        for name, link in printed:
+            assert http_get(link)[0] == 200, (name, link)
 
         # Every target up, the rules loaded, Alertmanager discovered.
         while True:

@@ -296,7 +296,7 @@ class Demo:
         urls = {
             "simulate": "/v1/models", "simulate-interactive": "/v1/models", "litellm": "/metrics/",
             "exporter": "/metrics", "remediate": "/healthz", "report": "/",
-            "prometheus": "/alerts", "alertmanager": "/#/alerts", "grafana": "/dashboards",
+            "prometheus": self.prometheus_alerts_page(), "alertmanager": "/#/alerts", "grafana": "/dashboards",
         }  # fmt: skip
         for service in self.services:
             if service.name in urls:
@@ -304,6 +304,15 @@ class Demo:
         for name, how in self.missing.items():
             lines.append(f"  {name:<12} not found, not started: {how}")
         return "\n".join(lines)
+
+    def prometheus_alerts_page(self) -> str:
+        """Prometheus' alerts page: /alerts where its web UI is built in, /classic/alerts where it is not (Debian's
+        2.42 ships without the React UI, and answers /alerts with 404)."""
+        try:
+            with urllib.request.urlopen(self.url("prometheus") + "/alerts", timeout=2) as reply:
+                return "/alerts" if reply.status == 200 else "/classic/alerts"
+        except OSError:  # HTTPError (404) included
+            return "/classic/alerts"
 
     def status(self) -> dict:
         return {s.name: {"pid": s.process.pid, "alive": s.process.poll() is None} for s in self.services}
