@@ -20,7 +20,7 @@ from batchlens.control.signals import read_sample
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
 from batchlens.replay.output import arrival_rate, figure, rows, table
-from batchlens.replay.policies import Admitting, Static, oracle_limits, parse_policy
+from batchlens.replay.policies import Adaptive, Admitting, Static, oracle_limits, parse_policy
 from batchlens.replay.simulated import Run, ShedSample, oracle, replay, turned_away, would_have_been_good
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
 from batchlens.simulator.engine import Engine, SimRequest
@@ -281,6 +281,22 @@ def test_the_arrival_rate_is_drawn_in_whole_buckets_and_bounded() -> None:
     assert starts[-1] == pytest.approx(steady[-1].t) and min(rates) > 4.0 and max(rates) < 5.0, rates
     starts, _ = arrival_rate([TraceRequest(0, 1, 1), TraceRequest(3e7, 1, 1)])  # a gap of a year: 1000 buckets
     assert len(starts) == 1001
+
+
+def test_the_picture_shows_every_policys_limit_in_plain_numbers_over_arrivals_from_zero() -> None:
+    """Issue 58, item 8: two of seven legend entries were hidden under other lines, the limit axis read 6×10^1,
+    the arrival rate was one spike on an axis from 1.94, and nothing said where adaptive starts."""
+    trace = poisson(2, 60)
+    runs = [replay(trace, engine(), policy, SLO) for policy in (Static(), Static(8), Static(8), Adaptive(SLO))]
+    fig = figure(runs, None, trace, title="t")
+    _goodput, rate, limit = fig.axes
+    lines = limit.get_lines()
+    assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == len(lines) == 4, "each told apart"
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in limit.get_yticklabels() if t.get_text()]
+    assert ticks and all(t.replace(".", "").isdigit() for t in ticks), ticks  # 64, not 6×10^1
+    assert rate.get_ylim()[0] == 0
+    assert any("adaptive starts at" in t.get_text() for t in limit.texts)
 
 
 def test_a_live_run_draws_no_batch_limit_axis_and_a_refused_run_says_why() -> None:

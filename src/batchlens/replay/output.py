@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to files only
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 from batchlens.goodput import Slo
 from batchlens.replay.simulated import Run
@@ -98,28 +99,43 @@ def write_png(runs: Sequence[Run], best: Run | None, trace: Sequence[TraceReques
     plt.close(fig)
 
 
+#: Steered runs' limits are told apart by line as well as by color: a limit two policies share hid one of them.
+LINESTYLES = ("-", "--", "-.", ":")
+
+
 def figure(runs: Sequence[Run], best: Run | None, trace: Sequence[TraceRequest], *, title: str):
-    """Goodput per policy, and the arrival rate with each steered run's batch limit over time."""
+    """Goodput per policy; and, one above the other, the arrival rate and each run's batch limit over time."""
     shown = [*runs, *([best] if best else [])]
-    fig, (ax_good, ax_time) = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
+    steered = [r for r in shown if r.limits]  # a live replay does not know the engine's limit
+    fig = plt.figure(figsize=(15, 6.5), constrained_layout=True)
+    grid = fig.add_gridspec(2 if steered else 1, 2, width_ratios=(1, 1.4))
+    ax_good = fig.add_subplot(grid[:, 0])
     names = [run.policy + (" (oracle)" if run is best else "") for run in shown]
     ax_good.bar(names, [run.judgement.goodput_rps for run in shown], color="tab:blue")
     ax_good.set(title=f"Goodput per policy: {title}", ylabel="good requests/s")
     ax_good.tick_params(axis="x", rotation=30)
+    ax_rate = fig.add_subplot(grid[0, 1])
     starts, rates = arrival_rate(trace)
-    ax_time.step(starts, rates, where="post", color="gray", label="arrivals/s")
-    steered = [r for r in shown if r.limits]  # a live replay does not know the engine's limit
-    ax_time.set(title="Arrival rate and batch limit over time" if steered else "Arrival rate over time",
-                xlabel="seconds", ylabel="arrivals/s")  # fmt: skip
-    axes = [ax_time]
-    if steered:
-        ax_limit = ax_time.twinx()
-        for run in steered:
-            times = [t for t, _ in run.limits] + [run.judgement.seconds]
-            limits = [limit for _, limit in run.limits] + [run.limits[-1][1]]
-            ax_limit.step(times, limits, where="post", label=run.policy)
-        ax_limit.set(ylabel="batch limit", yscale="log")
-        axes.append(ax_limit)
-    handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
-    ax_time.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    ax_rate.step(starts, rates, where="post", color="gray")
+    ax_rate.set(title="Arrival rate over time", ylabel="arrivals/s (10 s buckets)", ylim=(0, max(rates) * 1.1 or 1))
+    if not steered:
+        ax_rate.set_xlabel("seconds")
+        return fig
+    ax_limit = fig.add_subplot(grid[1, 1], sharex=ax_rate)
+    for i, run in enumerate(steered):
+        times = [t for t, _ in run.limits] + [run.judgement.seconds]
+        limits = [limit for _, limit in run.limits] + [run.limits[-1][1]]
+        label = run.policy + (" (oracle)" if run is best else "")
+        ax_limit.step(times, limits, where="post", label=label, color=f"C{i % 10}",
+                      linestyle=LINESTYLES[i % len(LINESTYLES)], linewidth=2.2 - 1.2 * i / max(1, len(steered) - 1),
+                      zorder=len(steered) - i)  # fmt: skip
+    ax_limit.set_yscale("log", base=2)  # from 1 to the capacity: every doubling as far apart
+    ax_limit.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax_limit.set(title="Batch limit over time", xlabel="seconds", ylabel="batch limit (sequences, log scale)")
+    ax_limit.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the lines, never over them
+    adaptive = [run for run in steered if run.policy.startswith(("adaptive", "pid"))]
+    if adaptive:
+        ax_limit.annotate(f"adaptive starts at {adaptive[0].limits[0][1]}: control.start_limit, or an eighth of the "
+                          "capacity (live control starts from the limit in force)", (0.99, 0.02),
+                          xycoords="axes fraction", ha="right", fontsize=7, color="dimgray")  # fmt: skip
     return fig
