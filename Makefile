@@ -75,10 +75,11 @@ mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, what routing is worth and what the proxy costs, the controller on real vLLM
+bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
+	$(BIN)/python benchmarks/load_memory.py
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/controller.py
 	$(BIN)/python benchmarks/fixed_cap.py

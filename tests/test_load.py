@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import signal
 import subprocess
+import time
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from batchlens.load.client import connector
-from batchlens.load.plan import LoadSpec, Planned, Result, percentile, plan, report
+from batchlens.load.plan import LoadSpec, Planned, Result, Tally, percentile, plan, report, schedule
 from harness.exporter import BATCHLENS, parse_samples, pick
 from harness.procs import http_get
 from harness.simulator import SimulatorProcess
@@ -170,3 +172,41 @@ def test_an_idle_connection_is_dropped_before_the_server_would_close_it() -> Non
     first, soon, late = asyncio.run(scenario())
     assert first == soon  # kept alive: the pool works
     assert late != soon  # dropped at 4 s, before the server's 5 s: a fresh connection, never a closing one
+
+
+def test_the_schedule_comes_one_request_at_a_time_and_is_the_plan() -> None:
+    spec = LoadSpec(rate=5, duration=120, arrival="bursty", overload_every=60, overload_seconds=20)
+    lazy = schedule(spec)
+    assert not isinstance(lazy, list) and list(lazy) == plan(spec)
+    day = schedule(LoadSpec(rate=2.5, duration=86400))  # the demo's: nothing drawn until asked for
+    assert next(day).at < 5
+
+
+def test_a_long_runs_latencies_are_a_bounded_uniform_sample_and_a_short_runs_all() -> None:
+    tally = Tally(sample_size=1000)
+    for i in range(100_000):
+        tally.add(Result(Planned(0, 1, 1, True), True, e2e=i / 100_000, ttft=0.1, itl=(0.01,), output_tokens=1))
+    assert len(tally.e2e.values) == 1000 and tally.e2e.seen == 100_000 and tally.requests == 100_000
+    assert 0.45 < percentile(tally.e2e.values, 50) < 0.55 and 0.97 < percentile(tally.e2e.values, 99) <= 1
+    short = Tally(sample_size=1000)
+    for i in range(10):
+        short.add(Result(Planned(0, 1, 1, False), True, e2e=float(i)))
+    assert sorted(short.e2e.values) == [float(i) for i in range(10)]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_load_and_prints_what_finished(tmp_path) -> None:
+    """Issue 58, item 9: the demo's load.log was empty after Ctrl-C: the summary of a run cut short was lost."""
+    sim = SimulatorProcess(tmp_path, speed=10)
+    try:
+        argv = [BATCHLENS, "load", "--url", sim.url, "--rate", "10", "--duration", "3600", "--output-tokens", "16"]
+        load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        load.send_signal(signal.SIGINT)
+        out, err = load.communicate(timeout=30)
+    finally:
+        sim.stop()
+    assert load.returncode == 0, err
+    assert "(stopped by SIGINT: what finished, before)" in out and "Traceback" not in err
+    succeeded = int(out.split("succeeded ")[1].split(",")[0])
+    assert 10 <= succeeded <= 40, out  # three seconds at 10/s

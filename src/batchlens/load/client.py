@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aiohttp
 
-from batchlens.load.plan import Planned, Result
+from batchlens.load.plan import Planned, Result, Tally
 
 
 def prompt(tokens: int) -> list[int]:
@@ -145,22 +146,45 @@ def connector(max_connections: int) -> aiohttp.TCPConnector:
 
 async def run(
     url: str,
-    planned: Sequence[Planned],
+    planned: Iterable[Planned],
     *,
     model: str | None,
     timeout: float,
     max_connections: int,
     via: Via = DIRECT,
-) -> tuple[str, list[Result], float]:
-    """Send each planned request at its time; return the model used, the results and the wall time."""
+    stop: asyncio.Event | None = None,
+) -> tuple[str, Tally, float]:
+    """Send each planned request at its time; return the model used, what the results add up to and the wall time.
+
+    The schedule is read as it comes due, and each result is tallied as it comes: memory follows the requests in
+    flight, not the run's length. ``stop`` set ends the run early: nothing more is sent, what is in flight is
+    abandoned (not counted), and the tally is of what finished.
+    """
+    stop = stop or asyncio.Event()
+    tally, in_flight = Tally(), set()
     async with aiohttp.ClientSession(connector=connector(max_connections)) as session:
         model = model or await first_model(session, url, min(timeout, 10), via)
         loop = asyncio.get_running_loop()
         start = loop.time()
 
-        async def at_its_time(p: Planned) -> Result:
-            await asyncio.sleep(max(0.0, start + p.at - loop.time()))
-            return await send(session, url, model, p, timeout, via)
+        def done(task: asyncio.Task) -> None:
+            in_flight.discard(task)
+            if not task.cancelled():
+                tally.add(task.result())
 
-        results = await asyncio.gather(*(at_its_time(p) for p in planned))
-        return model, list(results), loop.time() - start
+        for p in planned:
+            with contextlib.suppress(TimeoutError):  # the time to send it came first
+                await asyncio.wait_for(stop.wait(), max(0.0, start + p.at - loop.time()))
+            if stop.is_set():
+                break
+            task = asyncio.create_task(send(session, url, model, p, timeout, via))
+            in_flight.add(task)
+            task.add_done_callback(done)
+        waiting = asyncio.ensure_future(stop.wait())
+        while in_flight and not stop.is_set():  # the last replies, unless stopped
+            await asyncio.wait([*in_flight, waiting], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        for task in list(in_flight):
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
+        return model, tally, loop.time() - start

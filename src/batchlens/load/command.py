@@ -88,8 +88,7 @@ def load(
     """
     import asyncio
 
-    from batchlens.load.client import run
-    from batchlens.load.plan import LoadSpec, format_report, plan, report
+    from batchlens.load.plan import LoadSpec, format_report, schedule
 
     spec = LoadSpec(
         rate=rate, duration=duration, arrival=arrival, prompt_tokens=prompt_tokens,
@@ -99,14 +98,38 @@ def load(
     if overload_every and overload_seconds > overload_every:
         raise click.BadParameter(f"{overload_seconds:g} s is longer than --overload-every {overload_every:g} s",
                                  param_hint="--overload-seconds")  # fmt: skip
-    planned, how = plan(spec), proxy_via(api_key_env, text_prompts)
+    planned, how = schedule(spec), proxy_via(api_key_env, text_prompts)
     try:
-        used, results, wall = asyncio.run(
-            run(url.rstrip("/"), planned, model=model, timeout=timeout, max_connections=max_connections, via=how)
-        )
+        used, tally, wall, interrupted = asyncio.run(
+            until_signalled(url.rstrip("/"), planned, model=model, timeout=timeout, max_connections=max_connections,
+                            via=how)
+        )  # fmt: skip
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"cannot load {mask_url(url)}: {exc}") from None
-    rep = {"url": mask_url(url), "model": used, **report(results, wall)}
-    click.echo(json.dumps(rep, indent=2) if as_json else f"{rep['url']} ({used})\n" + format_report(rep))
+    rep = {"url": mask_url(url), "model": used, **tally.report(wall)}
+    if interrupted:
+        rep["interrupted"] = interrupted
+    said = f" (stopped by {interrupted}: what finished, before)" if interrupted else ""
+    click.echo(json.dumps(rep, indent=2) if as_json else f"{rep['url']} ({used}){said}\n" + format_report(rep))
     if rep["errors"]:
         sys.exit(1)
+
+
+async def until_signalled(url: str, planned, **options):
+    """:func:`run`, ended early by SIGINT or SIGTERM (Ctrl-C, or the demo stopping): the report of what finished
+    is still printed. Returns run's three and the signal's name, or "" when the schedule ran out."""
+    import asyncio
+    import signal
+
+    from batchlens.load.client import run
+
+    stop, said = asyncio.Event(), []
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda sig=sig: (said.append(sig.name), stop.set()))
+    try:
+        used, tally, wall = await run(url, planned, stop=stop, **options)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return used, tally, wall, said[0] if said else ""

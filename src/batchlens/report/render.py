@@ -48,6 +48,7 @@ def _time_axis(ax, report: Report) -> None:
     """The time of day in UTC (the day would crowd the labels), to the second over a range of minutes."""
     short = report.end - report.start < 900
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if short else "%H:%M", tz=dt.UTC))
+    ax.tick_params(axis="x", labelrotation=30)
     ax.set_xlabel("time (UTC)")
 
 
@@ -145,6 +146,8 @@ def _limits_and_alerts(ax, report: Report) -> None:
     _headroom(ax)
     caps.set_ylabel("door's queued-token cap (tokens)" if drawn_cap else "no door's cap in force over the range")
     _headroom(caps)
+    if not drawn_cap:
+        caps.set_yticks([])
     handles, labels = ax.get_legend_handles_labels()
     more, more_labels = caps.get_legend_handles_labels()
     ax.legend(handles + more, labels + more_labels, loc="lower left", fontsize=7)
