@@ -16,9 +16,14 @@ TEST_WORKERS ?= 3
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-$(BIN)/batchlens: pyproject.toml
+# batchlens itself, what `make demo` needs; the test extras on top for everything else.
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	@touch $@
+
+$(BIN)/batchlens: $(VENV)/.runtime
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $@
 
@@ -55,7 +60,7 @@ test: system-deps vllm-env litellm-env operator-kinds grafana-schema $(BIN)/batc
 	$(BIN)/python scripts/compatibility.py --check
 	$(BIN)/pytest -m "not matrix" -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
-demo: $(BIN)/batchlens  ## the whole stack natively, set up on a fresh machine (simulator, load, proxy, exporter, hook, Prometheus, Alertmanager, the report page, Grafana if installed)
+demo: $(VENV)/.runtime  ## the whole stack natively, set up on a fresh machine (simulator, load, proxy, exporter, hook, Prometheus, Alertmanager, the report page, Grafana if installed)
 	@echo "demo: step 1/3: Prometheus and Alertmanager (Debian packages, installed when missing and root)"
 	@scripts/system-deps.sh demo
 	@echo "demo: step 2/3: the LiteLLM proxy's environment (built once, ~400 MB, cached in ~/.cache/batchlens)"

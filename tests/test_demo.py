@@ -257,3 +257,12 @@ def test_make_demo_sets_the_machine_up_first_and_says_each_step(tmp_path) -> Non
     user = subprocess.run(script, capture_output=True, text=True, env={"PATH": str(bin_dir), "FAKE_UID": "1000"},
                           timeout=60)  # fmt: skip
     assert user.returncode == 1 and "sudo apt-get install -y prometheus prometheus-alertmanager" in user.stderr
+
+
+def test_make_demo_installs_batchlens_and_none_of_its_test_tools(tmp_path) -> None:
+    """Issue 58, item 10: `make demo` installed the test extras (helm, playwright, ...) a demo never uses."""
+    planned = subprocess.run(["make", "-n", "-C", str(ROOT), "demo", f"VENV={tmp_path / 'venv'}"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    installs = [line for line in planned.stdout.splitlines() if "pip install" in line and "-e" in line]
+    assert installs and all("[test]" not in line for line in installs), installs
