@@ -84,7 +84,7 @@ def measure(trace: Path, url: str, proxy: LitellmProxy | None, seconds: float) -
     """One replay of ``trace`` at ``url``: its JSON run and accounting, and the proxy's CPU over it."""
     auth = ("--api-key-env", "PROXY_KEY") if proxy else ()
     before, started = (cpu_seconds(proxy.process.pid) if proxy else 0.0), time.monotonic()
-    done = replay(trace, url, "--served-model", MODEL, "--text-prompts", *auth, timeout=seconds + 240,
+    done = replay(trace, url, "--served-model-name", MODEL, "--text-prompts", *auth, timeout=seconds + 240,
                   env={"PROXY_KEY": MASTER_KEY})  # fmt: skip
     wall = time.monotonic() - started
     if done.returncode != 0:

@@ -79,7 +79,7 @@ def run(
             proxy.complete(" the" * 64, headers={"x-batchlens-latency-class": "interactive"})
             proxy.complete(" the" * 3000)
             proxy.complete(" the" * 64)
-        done = replay(trace, proxy.url, "--served-model", "deepseek-sim", "--api-key-env", "PROXY_KEY",
+        done = replay(trace, proxy.url, "--served-model-name", "deepseek-sim", "--api-key-env", "PROXY_KEY",
                       "--text-prompts", "--slo-ttft", "0.5", "--slo-tpot", "0.1", timeout=seconds + 240,
                       env={"PROXY_KEY": MASTER_KEY})  # fmt: skip
         if done.returncode != 0:

@@ -39,7 +39,8 @@ from harness.prometheus import PrometheusServer
 from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
 
-pytestmark = pytest.mark.e2e
+# One worker builds the stack (a module fixture is built once per xdist worker that runs a test of the module).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("dashboards_live")]
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {path.name: json.loads(path.read_text()) for path in sorted((ROOT / "dashboards").glob("*.json"))}
 LIMITS = (1, 4, 16)

@@ -29,7 +29,8 @@ from harness.prometheus import require_binary
 from harness.shared import once_per_run
 from harness.wheel import REPO, Distributions, install_in_new_venv, run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# One worker makes the clean virtualenv (a session fixture is made once per xdist worker that asks for it).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.xdist_group("install")]
 TOKEN = "install-test-token"
 
 

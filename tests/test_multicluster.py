@@ -23,7 +23,8 @@ from harness.prometheus import PrometheusServer
 from harness.remediate import RemediateProcess, alert, notification
 from harness.simulator import SimulatorProcess
 
-pytestmark = pytest.mark.e2e
+# One worker builds the two clusters (a module fixture is built once per xdist worker that runs a test of it).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("multicluster")]
 ROOT = Path(__file__).resolve().parent.parent
 BOARDS = {path.name: json.loads(path.read_text()) for path in sorted((ROOT / "dashboards").glob("*.json"))}
 NAME = "serving/vllm-0"  # the same instance name in both clusters

@@ -19,7 +19,7 @@ from batchlens.config import Control
 from batchlens.control.signals import read_sample
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
-from batchlens.replay.output import arrival_rate, figure, rows, table
+from batchlens.replay.output import arrival_rate, figure, rows, table, write_csv
 from batchlens.replay.policies import Adaptive, Admitting, Static, oracle_limits, parse_policy
 from batchlens.replay.simulated import Run, ShedSample, oracle, replay, turned_away, would_have_been_good
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
@@ -297,6 +297,16 @@ def test_the_picture_shows_every_policys_limit_in_plain_numbers_over_arrivals_fr
     assert ticks and all(t.replace(".", "").isdigit() for t in ticks), ticks  # 64, not 6×10^1
     assert rate.get_ylim()[0] == 0
     assert any("adaptive starts at" in t.get_text() for t in limit.texts)
+
+
+def test_the_csv_holds_a_runs_decisions_as_json(tmp_path) -> None:
+    """Issue 58, item 11: the decisions column was Python's repr of a dict, which no spreadsheet or jq reads."""
+    trace = poisson(2, 60)
+    runs = [replay(trace, engine(), Static(), SLO), replay(trace, engine(), Adaptive(SLO), SLO)]
+    write_csv(runs, None, tmp_path / "replay.csv")
+    with (tmp_path / "replay.csv").open() as f:
+        default, adaptive = list(csv.DictReader(f))
+    assert default["decisions"] == "" and json.loads(adaptive["decisions"]) == runs[1].decisions != {}
 
 
 def test_a_live_run_draws_no_batch_limit_axis_and_a_refused_run_says_why() -> None:

@@ -75,7 +75,7 @@ def test_requests_refused_at_the_door_are_counted_apart_by_status(tmp_path) -> N
     count = write_trace(trace, seconds=2, rate=10)
     server = RefusingServer()
     try:
-        done = replay(trace, server.url + "/v1", "--served-model", "m")
+        done = replay(trace, server.url + "/v1", "--served-model-name", "m")
     finally:
         server.close()
     assert done.returncode == 0, done.stderr

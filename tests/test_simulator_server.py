@@ -227,10 +227,12 @@ def test_an_older_releases_dialect_is_served_and_an_unsupported_release_refused(
 
 
 def test_a_max_model_len_the_kv_cache_cannot_hold_is_refused_at_start_as_vllm_does() -> None:
-    """A 7B model on a T4 leaves room for 1712 tokens: an 8192-token request would wait forever."""
+    """A 7B model on a T4 leaves room for 1712 tokens: an 8192-token request would wait forever. (Asked with
+    --model, the old name of --model-profile: it still works for a release, and says so.)"""
     refused = subprocess.run([BATCHLENS, "simulate", "--gpu", "t4", "--model", "dense-7b"], capture_output=True,
                              text=True, timeout=60)  # fmt: skip
     assert refused.returncode == 1, refused.stderr
+    assert "--model is now --model-profile; --model will be removed in the next release" in refused.stderr
     assert "--max-model-len 8192 is larger than the 1712 tokens the KV cache of dense-7b on t4 holds" in refused.stderr
 
 

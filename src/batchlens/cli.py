@@ -67,6 +67,9 @@ def main(log_level: str) -> None:
     Throughput, P99 latency and GPU utilization, from one exporter, with the
     alerts and the remediation hook built on it. Every command reads the same
     config file; `batchlens config show` prints the effective settings.
+
+    "The article" in this help is the one batchlens grew from: docs/article.md
+    says what it claims, what batchlens takes from it, and where it is wrong.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))

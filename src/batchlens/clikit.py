@@ -6,13 +6,35 @@ Command packages (replay/command.py, ...) import these, so that cli.py only asse
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from batchlens.config import Config, ConfigError, duration_seconds, http_url, load_config
 from batchlens.sweep.knee import DEFAULT_MIN_GAIN
+
+
+def renamed_option(new: str, old: str, dest: str, **settings: Any) -> Callable[[Callable], Callable]:
+    """The option ``new`` (click's ``settings``), with its ``old`` name kept beside it, hidden, for one release: the
+    old name still sets it, and says on stderr that it is renamed. The new name wins where both are given."""
+    key = f"batchlens.renamed.{dest}"
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            click.echo(f"batchlens: {old} is now {new}; {old} will be removed in the next release", err=True)
+            ctx.meta[key] = value
+
+    def pick(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        defaulted = ctx.get_parameter_source(dest) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+        return ctx.meta[key] if defaulted and key in ctx.meta else value
+
+    hidden = click.option(old, expose_value=False, hidden=True, is_eager=True, callback=remember,
+                          type=settings.get("type"))  # fmt: skip
+    shown = click.option(new, dest, callback=pick, **settings)
+    return lambda command: shown(hidden(command))
 
 
 def flag_overrides(section: str, **values: Any) -> dict[str, Any]:

@@ -151,7 +151,7 @@ class Demo:
         if self.litellm:
             load_env = {"LITELLM_MASTER_KEY": secret(self.run / "litellm-master-key")}
             services.append(self._proxy(config, load_env))
-            load_via = ["--api-key-env", "LITELLM_MASTER_KEY", "--text-prompts", "--model", SERVED_MODEL,
+            load_via = ["--api-key-env", "LITELLM_MASTER_KEY", "--text-prompts", "--served-model-name", SERVED_MODEL,
                         "--interactive-share", "0.2"]  # fmt: skip
         elif self.litellm_choice == "auto":
             self.missing["litellm"] = INSTALL["litellm"]

@@ -23,7 +23,7 @@ def lint_config(path: str, max_batch: int | None, as_json: bool) -> None:
     else from a table made from vLLM 0.32.
 
     \b
-    Example:
+    Examples:
       batchlens lint-config engine.yaml --max-batch 32
       echo "vllm serve m --max-num-seqs 16 --block-size 24" > cmd.txt && batchlens lint-config cmd.txt
     """

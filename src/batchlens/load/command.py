@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from batchlens.clikit import HttpUrl, proxy_options, proxy_via, token_counts
+from batchlens.clikit import HttpUrl, proxy_options, proxy_via, renamed_option, token_counts
 from batchlens.load.plan import ARRIVALS
 from batchlens.masking import mask_url
 
@@ -20,7 +20,9 @@ from batchlens.masking import mask_url
     metavar="URL",
     help="Base URL of an OpenAI-compatible server (vLLM, batchlens simulate); a trailing /v1 is fine.",
 )
-@click.option("--model", default=None, help="Model name; default: the first one /v1/models lists.")
+@renamed_option("--served-model-name", "--model", "model", metavar="NAME",
+                help="The model name to ask for, as vLLM's --served-model-name [default: the first /v1/models "
+                "lists].")  # fmt: skip
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               help="Mean requests per second.")  # fmt: skip
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from batchlens.clikit import HttpUrl, config_option, load, proxy_options, proxy_via, writable_folder
+from batchlens.clikit import HttpUrl, config_option, load, proxy_options, proxy_via, renamed_option, writable_folder
 from batchlens.masking import mask_url
 from batchlens.replay.traces import FORMATS, MAX_RATE_SCALE, MIN_RATE_SCALE
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
@@ -30,10 +30,14 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
 @click.option("--url", type=HttpUrl("http://127.0.0.1:8000", strip=("/v1",)),
               help="Or replay in real time against this server (vLLM, batchlens simulate), streaming every "
               "request; its batch limit is whatever steers it (batchlens remediate with control.enabled).")  # fmt: skip
-@click.option("--served-model", metavar="NAME", help="With --url: the model to ask for [default: the first listed].")
+@renamed_option("--served-model-name", "--served-model", "served_model", metavar="NAME",
+                help="With --url: the model name to ask for, as vLLM's --served-model-name [default: the first "
+                "listed].")  # fmt: skip
 @proxy_options(prefix="With --url: ")
-@click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True)
-@click.option("--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL, show_default=True)
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True,
+              help="--simulated: the simulated GPU's profile (docs/simulator.md).")  # fmt: skip
+@renamed_option("--model-profile", "--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL,
+                show_default=True, help="--simulated: the simulated model's profile (docs/simulator.md).")  # fmt: skip
 @click.option("--max-num-seqs", type=click.IntRange(1), default=256, show_default=True,
               help="The engine's capacity, and the limit of the default policy.")  # fmt: skip
 @click.option("--max-model-len", type=click.IntRange(2), default=8192, show_default=True,
@@ -79,7 +83,7 @@ def replay(
     routing gives each class (docs/routing.md).
 
     \b
-    Example:
+    Examples:
       batchlens replay azure_conv_2023.csv --format azure --duration 600 --simulated \\
           --policy default --policy static:32 --oracle --out replay-out
       batchlens replay trace.jsonl --url http://127.0.0.1:8000 --duration 300
@@ -97,7 +101,7 @@ def replay(
     if not simulated and url is None:
         raise click.UsageError("give --simulated (the engine model, simulated time) or --url URL (a server, real time)")
     if simulated and (served_model or api_key_env or text_prompts):
-        given = [f for f, v in (("--served-model", served_model), ("--api-key-env", api_key_env),
+        given = [f for f, v in (("--served-model-name", served_model), ("--api-key-env", api_key_env),
                                 ("--text-prompts", text_prompts)) if v]  # fmt: skip
         raise click.UsageError(f"{', '.join(given)} need --url: the engine model of --simulated serves no model names")
     if url is not None and (oracle or set(policies) != {"default"}):

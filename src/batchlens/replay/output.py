@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -70,12 +71,15 @@ def table(runs: Sequence[Run], best: Run | None, slo: Slo) -> str:
 
 
 def write_csv(runs: Sequence[Run], best: Run | None, path: Path) -> None:
+    """The rows, a column each; a column that holds a mapping (``decisions``) holds it as JSON, which a
+    spreadsheet or ``jq`` reads, not as Python's repr of it."""
     shown = rows([*runs, *([best] if best else [])])
     with path.open("w", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=[*shown[0], "oracle"])
         writer.writeheader()
         for i, row in enumerate(shown):
-            writer.writerow({**row, "oracle": int(best is not None and i == len(shown) - 1)})
+            cells = {k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for k, v in row.items()}
+            writer.writerow({**cells, "oracle": int(best is not None and i == len(shown) - 1)})
 
 
 def arrival_rate(trace: Sequence[TraceRequest], target: float = 10.0, most: int = 1000) -> tuple[list, list]:

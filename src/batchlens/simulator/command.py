@@ -7,6 +7,7 @@ import os
 import click
 
 from batchlens.admin_api import TOKEN_ENV
+from batchlens.clikit import renamed_option
 from batchlens.config import ConfigError, parse_listen
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, dialect
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
@@ -14,9 +15,13 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
 
 @click.command()
 @click.option("--listen", default="127.0.0.1:8000", show_default=True, help="HOST:PORT to serve on.")
-@click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True)
-@click.option("--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL, show_default=True)
-@click.option("--served-model-name", default="deepseek-sim", show_default=True, help="The model name clients use.")
+@click.option("--gpu", "gpu_name", type=click.Choice(sorted(GPUS)), default=DEFAULT_GPU, show_default=True,
+              help="The simulated GPU's profile: its bandwidth, compute and memory (docs/simulator.md).")  # fmt: skip
+@renamed_option("--model-profile", "--model", "model_profile", type=click.Choice(sorted(MODELS)), default=DEFAULT_MODEL,
+                show_default=True, help="The simulated model's profile: its size and shape (docs/simulator.md); not "
+                "the name clients ask for, which is --served-model-name.")  # fmt: skip
+@click.option("--served-model-name", default="deepseek-sim", show_default=True,
+              help="The model name clients ask for, as vLLM's own flag sets it.")  # fmt: skip
 @click.option("--max-num-seqs", type=click.IntRange(1), default=256, show_default=True, help="Batch capacity.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(1), default=8192, show_default=True)
 @click.option("--max-model-len", type=click.IntRange(2), default=8192, show_default=True)

@@ -381,7 +381,11 @@ def _error(exc: api.ApiError) -> web.Response:
 def admin_token(environ: Mapping[str, str], variable: str) -> str | None:
     token = environ.get(variable) or None
     if token is None:
-        log.warning("%s is not set: the admin API answers 503 until the simulator restarts with it", variable)
+        log.warning(
+            "%s is not set: the admin API answers 503 to every change until the simulator restarts with it "
+            "(reads need none)",
+            variable,
+        )
     return token
 
 

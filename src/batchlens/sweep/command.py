@@ -71,7 +71,7 @@ from batchlens.clikit import load as load_or_fail
     show_default=True,
     help="Folder for sweep.csv and sweep.png.",
 )
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True, help="Same seed, same load at each step.")
 def sweep(
     config_path: str | None, engine_url: str, limits: tuple[int, ...], settle: float, measure: float,
     load_factor: float, prompt_tokens: tuple[int, ...], output_tokens: tuple[int, ...], latency: str | None,

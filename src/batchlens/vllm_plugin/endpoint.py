@@ -201,7 +201,11 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
             BATCH_PATH, INFO_PATH, TOKEN_ENV, support.mechanism, support.api_route, pod,
         )  # fmt: skip
     else:
-        log.warning("batchlens: %s is not set: the admin API answers 503 until the server restarts with it", TOKEN_ENV)
+        log.warning(
+            "batchlens: %s is not set: the admin API answers 503 to every change until the server restarts "
+            "with it (reads need none)",
+            TOKEN_ENV,
+        )
     if support.door == VLLM_DOOR:
         log.info("batchlens: %s sets vLLM's own queued caps at runtime", ADMISSION_PATH)
     elif support.door == PLUGIN_DOOR:
