@@ -85,8 +85,11 @@ def test_the_controller_steers_the_simulator_to_a_limit_near_the_oracles(tmp_pat
             proc.stop()
     settled = int(statistics.median(in_force[len(in_force) // 2 :]))
     print(f"limits in force (exporter): {sorted(set(in_force))}, settled at {settled}; load: {done.stdout[:400]}")
-    # It starts from the limit in force (the capacity) and may cut before Prometheus' first scrape.
-    assert max(in_force) < CAPACITY, f"the controller took over from vLLM's default (the capacity): {in_force}"
+    # It starts from the limit in force (the capacity), and cuts within the first windows of load (before
+    # Prometheus' first scrape on a quiet machine, a few seconds in on a loaded one): from then on it steers.
+    taken = next((i for i, v in enumerate(in_force) if v < CAPACITY), None)
+    assert taken is not None and max(in_force[taken:]) < CAPACITY and taken < len(in_force) // 4, (
+        f"the controller took over from vLLM's default (the capacity) early in the load: {in_force}")  # fmt: skip
     assert int(float(targets[0]["value"][1])) == in_force[-1], "Prometheus sees the hook's target in force"
     assert empty == [], f"control dashboard panels with no data: {empty}"
     # The oracle of this load: the same arrival process over a longer sample (45 s of bursts is too few to
