@@ -72,15 +72,12 @@ class Prometheus:
     async def samples(self, selector: str, seconds: float, at: float) -> list[tuple[dict[str, str], list[tuple]]]:
         """Every raw sample of ``selector`` in the ``seconds`` before ``at``: (labels, [(time, value), ...]) per
         series, as stored (no step, no interpolation)."""
-        data = await self._get(
-            "/api/v1/query", {"query": f"{selector}[{max(1, round(seconds))}s]", "time": f"{at:.3f}"}
-        )
-        if not isinstance(data, dict) or data.get("resultType") != "matrix":
-            raise PrometheusError(f"expected a matrix for {selector!r}, got {data.get('resultType')!r}")
+        window = f"{selector}[{max(1, round(seconds))}s]"  # a range vector: a matrix, as a range query answers
         try:
-            return [(s["metric"], [(float(t), float(v)) for t, v in s["values"]]) for s in data["result"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PrometheusError(f"a malformed matrix for {selector!r}: {type(exc).__name__} {exc}") from None
+            series = parse_series(await self._get("/api/v1/query", {"query": window, "time": f"{at:.3f}"}))
+        except ValueError as exc:
+            raise PrometheusError(f"{exc}, for {window!r}") from None
+        return [(labels, sorted(values.items())) for labels, values in series]
 
     async def range(self, expr: str, start: float, end: float, step: float) -> dict[str, dict[float, float]]:
         """A range query -> vllm_instance -> timestamp -> value, NaN dropped."""
@@ -130,8 +127,9 @@ def by_instance(series: list[tuple[dict[str, str], dict[float, float]]]) -> dict
 
 def parse_series(data: dict) -> list[tuple[dict[str, str], dict[float, float]]]:
     """A range query's result (resultType matrix) -> (labels, timestamp -> value) per series; NaN dropped."""
-    if data.get("resultType") != "matrix":
-        raise ValueError(f"expected a matrix from Prometheus, got {data.get('resultType')!r}")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"expected a matrix from Prometheus, got {kind!r}")
     try:
         return [(series["metric"], {float(t): float(v) for t, v in series["values"] if not math.isnan(float(v))})
                 for series in data["result"]]  # fmt: skip

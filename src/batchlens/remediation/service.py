@@ -215,8 +215,8 @@ class Remediator:
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
         if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)
             log.warning("%s: its saved state held an alert time in the future; dropped, so alerts act again", name)
-        self._apply_backoff[name], self._observe_backoff[name], self._confirm_backoff[name] = (Backoff(), Backoff(),
-                                                                                             Backoff())  # fmt: skip
+        for backoffs in (self._apply_backoff, self._observe_backoff, self._confirm_backoff):
+            backoffs[name] = Backoff()
 
     # --- the worker ------------------------------------------------------------------------------------
 

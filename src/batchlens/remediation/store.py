@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from batchlens.config import Remediate
 from batchlens.control.steering import Steering
 from batchlens.remediation.breaker import EngineState
 
@@ -127,7 +128,7 @@ class StoreError(Exception):
 
 
 class Store:
-    def __init__(self, path: str | Path, max_bytes: int = 256 * 2**20):
+    def __init__(self, path: str | Path, max_bytes: int = Remediate.model_fields["store_max_bytes"].default):
         self.path = Path(path)
         self.budget = Budget(max_bytes)
         try:
