@@ -215,3 +215,14 @@ def test_a_cap_of_0_set_at_launch_reads_back_though_a_put_of_0_is_refused() -> N
     with pytest.raises(AdminError) as refused:
         parse_admission(b'{"max_num_queued_reqs": 0}')
     assert refused.value.status == 400
+
+
+def test_a_404_says_whether_the_python_server_lacks_the_plugin_or_the_rust_frontend_has_none() -> None:
+    from batchlens.admin_api import missing_plugin
+
+    python = missing_plugin(b'{"detail":"Not Found"}')  # FastAPI's 404, as vLLM's Python API server answers
+    assert "Python API server" in python and "VLLM_PLUGINS=batchlens" in python and "Rust" not in python
+    rust = missing_plugin(b"")  # the Rust frontend's: an empty body
+    assert "Rust frontend" in rust and "VLLM_USE_RUST_FRONTEND" in rust and "VLLM_PLUGINS" not in rust
+    unread = missing_plugin(None)  # the exporter does not read a 404's body: both, each with its setting
+    assert "VLLM_PLUGINS=batchlens" in unread and "VLLM_USE_RUST_FRONTEND" in unread

@@ -321,3 +321,57 @@ def test_doctor_text_output_explains_warnings(tmp_path):
     warn = next(i for i, line in enumerate(lines) if line.startswith("WARN  host.zone_reclaim_mode"))
     assert "why:" in lines[warn + 1] and "fix: sysctl -w vm.zone_reclaim_mode=0" in lines[warn + 2]
     assert lines[-1] == "2 PASS, 1 WARN, 0 FAIL, 5 SKIP"
+
+
+INFO = json.dumps({"batchlens_version": "1.0", "vllm_version": "0.32.0", "engines": 2}).encode()
+NOT_FOUND = b'{"detail":"Not Found"}'  # FastAPI's, as vLLM's Python API server answers a route it lacks
+
+
+@pytest.mark.parametrize(
+    ("answers", "admission", "status", "said"),
+    [
+        ([(200, INFO)] * 8, {"api_servers": 2, "api_servers_behind": []}, PASS, "2 API server(s)"),
+        ([(200, INFO), (404, NOT_FOUND)] * 4, None, FAIL, "answered on 4 of 8 connections"),
+        ([(200, INFO)] * 8, {"api_servers": 4, "api_servers_behind": [3]}, FAIL, "API server(s) [3] do not have"),
+        ([(404, NOT_FOUND)] * 8, None, FAIL, "VLLM_PLUGINS=batchlens"),
+        ([(404, b"")] * 8, None, FAIL, "VLLM_USE_RUST_FRONTEND"),
+        ([(501, b'{"error": "vLLM 0.9: no scheduler"}')] * 8, None, FAIL, "no scheduler"),
+        ([(0, b"Connection refused")] * 8, None, WARN, "Connection refused"),
+    ],
+)
+def test_the_plugin_check_says_what_each_server_lacks(answers, admission, status, said) -> None:
+    outcome = checks.plugin(checks.PluginReadings("dp8", "http://vllm:8000", tuple(answers), admission))
+    assert outcome.status == status, outcome
+    assert said in outcome.found + outcome.why, outcome
+
+
+def test_doctor_names_the_rust_frontend_on_a_server_that_answers_like_it(tmp_path: Path) -> None:
+    """A stand-in for `VLLM_USE_RUST_FRONTEND=1 vllm serve` (the CPU wheel ships no vllm-rs binary): it serves
+    the OpenAI routes and answers every other path an empty 404, as the Rust frontend does."""
+    import http.server
+    import threading
+
+    class RustFrontendLike(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"data": [{"id": "deepseek"}]}' if self.path == "/v1/models" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RustFrontendLike)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "batchlens.yaml"
+    config.write_text(f"engines:\n  - name: dp8\n    url: http://127.0.0.1:{server.server_address[1]}\n")
+    try:
+        done = subprocess.run([BATCHLENS, "doctor", "--config", str(config), "--sample-seconds", "0"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        server.shutdown()
+    line = next(line for line in done.stdout.splitlines() if "vllm.plugin[dp8]" in line)
+    assert line.startswith("FAIL") and "answered 404" in line, done.stdout
+    assert "VLLM_USE_RUST_FRONTEND" in done.stdout and "Traceback" not in done.stdout + done.stderr
+    assert done.returncode == 1

@@ -2,9 +2,9 @@
 
 The session's server (tests/conftest.py) loads the plugin as a user would: the
 wheel built from this checkout, pip-installed, ``VLLM_PLUGINS=batchlens``,
-``BATCHLENS_ADMIN_TOKEN`` set. A
-smaller server of this module's own covers data parallelism (with the admin API
-on a port of its own). The plugin's entry points in other shapes (no token, other
+``BATCHLENS_ADMIN_TOKEN`` set. Data parallelism, several API servers and the
+admin API on a port of its own run under ``vllm serve`` in
+tests/test_vllm_api_servers.py. The plugin's entry points in other shapes (no token, other
 scheduler shapes, ``--middleware``, the plugin's door) run in the real vLLM
 environment's FastAPI with the engine client faked.
 """
@@ -36,8 +36,8 @@ from harness.admin import (
     set_caps,
 )
 from harness.exporter import one, parse_samples, pick
-from harness.procs import free_port, http_get
-from harness.vllm import ADMIN_TOKEN, VLLM_VERSION, VllmServer, start_vllm, vllm_python
+from harness.procs import free_port
+from harness.vllm import VLLM_VERSION, VllmServer, vllm_python
 from harness.wheel import Distributions
 
 pytestmark = pytest.mark.vllm
@@ -206,38 +206,6 @@ def test_vllm_is_unaffected_by_the_plugin(vllm_server: VllmServer) -> None:
     assert "batchlens: admin API on /batchlens/v1/batch" in log
     bad = [line for line in log.splitlines() if ("batchlens" in line and ("ERROR" in line or "Failed" in line))]
     assert bad == []
-
-
-@pytest.fixture(scope="module")
-def dp_server(
-    tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]
-) -> Iterator[tuple[VllmServer, int]]:
-    """vLLM with two data-parallel engines, and the port its admin API has to itself (BATCHLENS_ADMIN_PORT)."""
-    admin_port = free_port()  # drawn here, not at import: the run's port record is set up by then (conftest.py)
-    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN, PORT_ENV: str(admin_port)}
-    server = start_vllm(
-        tmp_path_factory.mktemp("vllm-dp"),
-        env=env,
-        max_num_seqs=16,
-        memory_fraction=0.1,
-        extra_args=("--data-parallel-size", "2"),
-    )
-    yield server, admin_port
-    server.process.stop()
-
-
-def test_with_data_parallelism_a_change_applies_to_every_engine(dp_server: tuple[VllmServer, int]) -> None:
-    """And with BATCHLENS_ADMIN_PORT, the admin API is on that port alone: vLLM's port answers 404 for it."""
-    server, admin_port = dp_server
-    token = {"Authorization": f"Bearer {server.admin_token}"}
-    assert http_get(server.url + BATCH_PATH, headers=token)[0] == 404
-    assert "batchlens: admin API on its own port, 127.0.0.1:" in server.process.log_path.read_text(errors="replace")
-    client = AdminClient(f"http://127.0.0.1:{admin_port}", server.admin_token)
-    check_contract(client, 16)
-    state = client.set_limit(3)
-    assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
-    assert client.state().engines == state.engines
-    check_concurrent_puts(client, 16)
 
 
 TOKENLESS = textwrap.dedent(

@@ -109,6 +109,12 @@ class AdmissionState(BaseModel):
     #: The prefill rate the caps rest on, as the controller measured it: a refusal's Retry-After is the backlog
     #: divided by it. None: not given (Retry-After 1).
     prefill_tokens_per_second: float | None = Field(None, gt=0)
+    #: The API server processes that share these caps and counts (``vllm serve --api-server-count``, by default
+    #: the data-parallel size): the counts above are the whole server's, the caps hold in each.
+    api_servers: int = Field(1, ge=1)
+    #: The API servers, by index, that do not have these caps in force: a process that has not applied them
+    #: yet, or does not tick at all (hung, or started without the plugin). Empty when every one applies them.
+    api_servers_behind: list[int] = Field(default_factory=list)
 
 
 class AdmissionUpdate(BaseModel):
@@ -184,6 +190,34 @@ def parse_admission(body: bytes) -> dict[str, int | None]:
     if not changes.keys() - {"prefill_tokens_per_second"}:  # the rate alone changes no cap
         raise AdminError(400, f"expected {expected}: name at least one cap")
     return changes
+
+
+_RUST_FRONTEND = (
+    "vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1) and its gRPC server load no Python plugins, so they have no "
+    "batchlens admin API: start vllm serve without VLLM_USE_RUST_FRONTEND (and without --grpc-port) for batchlens "
+    "to steer the server"
+)
+_NO_PLUGIN = (
+    "set VLLM_PLUGINS=batchlens for the whole server, so that every API server process loads the plugin (before "
+    "vLLM 0.32 also --middleware batchlens.vllm_plugin.middleware.AdminMiddleware); with BATCHLENS_ADMIN_PORT set "
+    "the admin API is on that port alone (the engine's admin_port)"
+)
+
+
+def missing_plugin(body: bytes | None) -> str:
+    """Why a server answered an admin route 404, from the 404's body (None: not read), and the setting to change.
+
+    vLLM's Python API server answers a route it does not have in FastAPI's JSON (``{"detail": "Not Found"}``);
+    its Rust frontend (0.32) with an empty body.
+    """
+    if body is None:
+        return (
+            f"no batchlens admin API: either vLLM's Python API server without the plugin ({_NO_PLUGIN}), or "
+            f"{_RUST_FRONTEND}"
+        )
+    if not body.strip():
+        return f"an empty 404, as vLLM's Rust frontend answers a route it does not have: {_RUST_FRONTEND}"
+    return f"vLLM's Python API server, without the batchlens plugin: {_NO_PLUGIN}"
 
 
 def retry_after(state: AdmissionState) -> int:

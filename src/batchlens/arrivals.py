@@ -24,6 +24,8 @@ vLLM's own, where the exporter passes them through with ``vllm_instance``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from batchlens.queued_caps import CLASSES
@@ -60,16 +62,26 @@ class ArrivalMetrics:
                           registry=registry)  # fmt: skip
         self._door = {name: door.labels(name) for name in CLASSES}  # every class from the start: rates need a zero
         self._refused = {name: refused.labels(name) for name in CLASSES}
-        self._last: float | None = None
+        self._last: int | None = None  # ns
+        self._swap: Callable[[int], int | None] = self._swap_here
+
+    def share_last_arrival(self, swap: Callable[[int], int | None]) -> None:
+        """Measure gaps from the last arrival at any of several processes (the API servers of one vLLM server):
+        ``swap`` records an arrival at a CLOCK_MONOTONIC time in ns and returns the one before it."""
+        self._swap = swap
+
+    def _swap_here(self, now_ns: int) -> int | None:
+        previous, self._last = self._last, now_ns
+        return previous
 
     def arrived(self, now: float, priority_class: str = "standard") -> None:
         """A generation request of ``priority_class`` arrived at ``now`` (monotonic seconds)."""
         self._door[priority_class].inc()
-        if self._last is not None:
-            gap = max(0.0, now - self._last)
+        previous = self._swap(int(now * 1e9))
+        if previous is not None:
+            gap = max(0.0, now - previous / 1e9)
             self._gaps.observe(gap)
             self._squares.inc(gap * gap)
-        self._last = now
 
     def answered(self, stream: bool) -> None:
         self._answered[stream].inc()

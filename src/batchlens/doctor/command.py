@@ -20,7 +20,7 @@ from batchlens.clikit import load as load_or_fail
               "host's root mounted there.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON.")
 def doctor(config_path: str | None, sample_seconds: float, host_root: str, as_json: bool) -> None:
-    """Check this host for vLLM: GPUs, links, kernel settings, CPU affinity.
+    """Check this host for vLLM: GPUs, links, kernel settings, CPU affinity, and the engines' plugin.
 
     \b
     gpu.driver            the driver and the CUDA version it supports
@@ -29,6 +29,8 @@ def doctor(config_path: str | None, sample_seconds: float, host_root: str, as_js
     gpu.memory_bandwidth  a short sample of memory busy (and GPM DRAM bandwidth)
     host.transparent_hugepage, host.numa_balancing, host.zone_reclaim_mode
     host.cpu_affinity     vLLM processes against their GPU's NUMA node
+    vllm.plugin[ENGINE]   each configured engine's batchlens plugin, asked on 8
+                          connections (every API server process of the server)
 
     Each check says PASS, WARN, FAIL or SKIP, what it found, why it matters and
     what to do. Without a GPU the GPU checks SKIP. Exit code: 1 on any FAIL,
@@ -38,6 +40,7 @@ def doctor(config_path: str | None, sample_seconds: float, host_root: str, as_js
     Examples:
       batchlens doctor
       batchlens doctor --host-root /host --json     # in a container, the host's root mounted at /host
+      batchlens doctor --config batchlens.yaml      # and the plugin of every engine it lists
     """
     from pathlib import Path
 
@@ -50,6 +53,7 @@ def doctor(config_path: str | None, sample_seconds: float, host_root: str, as_js
         nvml,
         probe.vllm_processes(nvml.gpu_pids),
         warn_bandwidth=config.thresholds.bandwidth_ratio,
+        plugins=probe.read_plugins(config.engines),
     )
     if as_json:
         click.echo(json.dumps([o.to_dict() for o in outcomes], indent=2))

@@ -8,20 +8,26 @@ become absent readings, which the checks turn into SKIPs with the reason.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import logging
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import psutil
 
-from batchlens.doctor.checks import GpuReadings, HostReadings, NvmlReadings, VllmProcess, cpulist
+from batchlens.admin_api import ADMISSION_PATH, INFO_PATH
+from batchlens.doctor.checks import GpuReadings, HostReadings, NvmlReadings, PluginReadings, VllmProcess, cpulist
 from batchlens.exporter.nvml_source import GpmPair, NvmlCalls, error_reason
+from batchlens.masking import mask_url
 
 log = logging.getLogger("batchlens.doctor")
 
@@ -227,4 +233,36 @@ def vllm_processes(gpu_pids: dict[int, tuple[int, ...]]) -> list[VllmProcess]:
             continue
         label = name if VLLM_TITLE.match(name) else " ".join(cmdline)[:80]
         found.append(VllmProcess(proc.pid, label, affinity, gpu_pids.get(proc.pid, ())))
+    return found
+
+
+def _get(url: str, timeout: float) -> tuple[int, bytes]:
+    """One GET on a fresh connection: (status, at most 64 KiB of body), or (0, why none came)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status, reply.read(65536)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(65536)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(exc, http.client.HTTPException):  # a gRPC port, or something else than HTTP/1.1
+            reason = f"not an HTTP/1.1 answer ({exc.__class__.__name__}): a gRPC port?"
+        return 0, str(reason).encode()
+
+
+def read_plugins(engines: Sequence[Any], connections: int = 8, timeout: float = 5.0) -> list[PluginReadings]:
+    """Each engine's admin API, read (no token: reads need none) on ``connections`` fresh connections, so that
+    the answers come from as many of its API server processes as there are, up to that many."""
+    found = []
+    for engine in engines:
+        base = engine.admin_url
+        answers = tuple(_get(base + INFO_PATH, timeout) for _ in range(connections))
+        status, body = _get(base + ADMISSION_PATH, timeout) if any(s == 200 for s, _ in answers) else (0, b"")
+        admission = None
+        if status == 200:
+            with contextlib.suppress(ValueError):
+                admission = json.loads(body)
+        found.append(
+            PluginReadings(engine.name, mask_url(base), answers, admission if isinstance(admission, dict) else None)
+        )
     return found

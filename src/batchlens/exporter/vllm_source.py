@@ -17,7 +17,7 @@ from functools import partial
 
 from pydantic import ValidationError
 
-from batchlens.admin_api import BATCH_PATH, BatchState
+from batchlens.admin_api import BATCH_PATH, BatchState, missing_plugin
 from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
 from batchlens.config import Engine
 from batchlens.exporter.derive import batch_metrics, engines_seen, kv_block_metrics
@@ -59,6 +59,7 @@ class VllmSource:
         self._reader = ExpositionReader(self._base)
         #: The model this server serves, as its metrics name it; the NVML source labels the engine's GPUs with it.
         self.model_name = ""
+        self._admin_answers: set[bool] = set()  # whether the admin API answered (True) or 404 (False), ever
 
     async def sample(self) -> Reading:
         started = time.monotonic()
@@ -77,6 +78,22 @@ class VllmSource:
             self.engine.name, len(metrics), fetched - started, time.monotonic() - fetched,
         )  # fmt: skip
         return reading
+
+    def _admin_answered(self, ok: bool, url: str) -> None:
+        """Say once why the batch panels show vLLM's own series alone (404); and once that the same server answers
+        on some connections and not on others: one API server process of several runs without the plugin."""
+        before = set(self._admin_answers)
+        self._admin_answers.add(ok)
+        if self._admin_answers == before:
+            return
+        if self._admin_answers == {False}:
+            log.warning("vllm[%s]: %s answered 404: %s", self.engine.name, mask_url(url), missing_plugin(None))
+        elif len(self._admin_answers) == 2:
+            log.warning(
+                "vllm[%s]: %s answered on some connections and 404 on others: one of the server's API server "
+                "processes runs without the batchlens plugin (VLLM_PLUGINS=batchlens must reach every one)",
+                self.engine.name, mask_url(url),
+            )  # fmt: skip
 
     def _digest(self, text: str, admin: BatchState | tuple[str, str] | None) -> Reading:
         try:
@@ -102,10 +119,13 @@ class VllmSource:
             # made for each attempt: a signature is taken once, and a GET on a stale connection goes again
             headers = partial(admin_headers, self._token, "GET", BATCH_PATH, signed=signed, pod=self.engine.pod)
             body = await self._http.text(url, timeout=self._timeout, limit=_ADMIN_MAX_BYTES, headers=headers)
-            return BatchState.model_validate_json(body)
+            state = BatchState.model_validate_json(body)
+            self._admin_answered(True, url)
+            return state
         except SourceError as exc:
-            if exc.reason == "http_404":
-                return None  # a plain vLLM without the batchlens plugin
+            if exc.reason == "http_404":  # a vLLM without the batchlens plugin: vLLM's own series only
+                self._admin_answered(False, url)
+                return None
             hint = ""
             if exc.reason in ("http_401", "http_403"):
                 source = self.engine.admin_token_source

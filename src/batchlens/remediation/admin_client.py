@@ -15,7 +15,15 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, AdmissionState, BatchState, CacheReset
+from batchlens.admin_api import (
+    ADMISSION_PATH,
+    BATCH_PATH,
+    CACHE_RESET_PATH,
+    AdmissionState,
+    BatchState,
+    CacheReset,
+    missing_plugin,
+)
 from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
 from batchlens.masking import mask_url
 
@@ -23,10 +31,6 @@ HINTS = {
     401: f" (does the engine's admin token, its admin_token_env or its pod's Secret, match the server's? "
     f"{SIGNED_401_HINT})",
     503: f" ({UNAVAILABLE_HINT})",
-    404: (
-        " (no batchlens plugin on this server: VLLM_PLUGINS=batchlens? Before vLLM 0.32 also "
-        "--middleware batchlens.vllm_plugin.middleware.AdminMiddleware, docs/compatibility.md)"
-    ),
     501: " (the plugin refused this vLLM release; the message says why, docs/compatibility.md)",
 }
 
@@ -91,6 +95,8 @@ class AdminClient:
                 text = await reply.content.read(64 * 1024)
                 if reply.status != 200:
                     said, hint = _reason(text), HINTS.get(reply.status, "")
+                    if reply.status == 404:
+                        hint = f" ({missing_plugin(text)})"
                     raise AdminCallError(f"http_{reply.status}", f"{method} {shown}: {reply.status}{said}{hint}")
                 return reply_model.model_validate_json(text)
         except TimeoutError:

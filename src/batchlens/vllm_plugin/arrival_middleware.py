@@ -11,8 +11,10 @@ the door gives: when the backlog should have drained. On a
 release without vLLM's own queued caps, the plugin's door (door.py) refuses
 here, before vLLM sees the request, with vLLM's 503 and its error body.
 The series go to prometheus_client's default registry, which vLLM's /metrics
-serves. With several API server processes (``--api-server-count``) each sees
-only its own share of the arrivals, so the gaps are per process.
+serves. With several API server processes (``--api-server-count``) each counts
+the requests it takes, in vLLM's multiprocess metrics directory, so /metrics
+gives the server's totals whichever process answers; each measures its gaps from
+the last arrival at any of them (siblings.py), so the gaps are the server's.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ unfinished requests, from the API server's output processor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter
@@ -58,8 +59,17 @@ class VllmDoor:
         return self._client.scheduler_config
 
     def counts(self) -> tuple[int, int]:
-        """(prompt tokens in prefill, unfinished requests), as vLLM's check counts them."""
-        return self._client.get_num_queued_tokens(), self._client.get_num_unfinished_requests()
+        """This process's (prompt tokens in prefill, unfinished requests), as vLLM's check counts them."""
+        processor = self._client.output_processor  # not the client's getters: count_server_wide replaces them
+        return processor.get_num_queued_tokens(), processor.get_num_unfinished_requests()
+
+    def count_server_wide(self, totals: Callable[[], tuple[int, int]]) -> None:
+        """Make vLLM's own check count the whole server: ``check_admission`` compares the token cap with
+        ``self.get_num_queued_tokens()`` (this process's alone, in vLLM) and, where vLLM shares no request count
+        (no ``--max-num-queued-reqs`` at launch), the request cap with ``self.get_num_unfinished_requests()``.
+        Set on this client instance only: nothing else in vLLM's API server calls either."""
+        self._client.get_num_queued_tokens = lambda: totals()[0]
+        self._client.get_num_unfinished_requests = lambda: totals()[1]
 
 
 class _Caps:
@@ -77,6 +87,9 @@ class PluginDoor:
         self._client = engine_client
         model = served_model_name(engine_client)
         self.rejections = {reason: rejections().labels(model, reason) for reason in MESSAGES}
+
+    def count_server_wide(self, totals: Callable[[], tuple[int, int]]) -> None:
+        return None  # the middleware judges with the server's totals itself
 
     def counts(self) -> tuple[int, int]:
         states = self._client.output_processor.request_states  # read between two awaits: its writer is on this loop

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,26 +48,76 @@ from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import PLUGIN_DOOR, VLLM_DOOR, Support, check_installed_vllm
 from batchlens.vllm_plugin.door import PluginDoor, VllmDoor
 from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
+from batchlens.vllm_plugin.siblings import Caps, SiblingTable, open_table, private_table
 
 log = logging.getLogger("vllm.batchlens")
 
 ENGINE_TIMEOUT_SECONDS = 10.0
+#: How often each API server puts its siblings' caps in force and publishes its own counts (siblings.py).
+SIBLING_TICK_SECONDS = 0.025
+#: How long a PUT of the caps waits for every sibling to have them in force before it answers.
+SIBLING_WAIT_SECONDS = 2.0
 STATE_KEY = "batchlens_admin"
 
 
 class AdminService:
     """The engine client, the token, and a lock that applies changes one at a time."""
 
-    def __init__(self, engine_client: Any, token: str | None, support: Support, pod: PodIdentity):
+    def __init__(
+        self, engine_client: Any, token: str | None, support: Support, pod: PodIdentity,
+        siblings: SiblingTable | None = None,
+    ):  # fmt: skip
         self.auth = AdminAuth(token, pod=pod)
         self._client = engine_client
         self._support = support
-        # Without it, two PUTs could reach the engines of a data-parallel server in
-        # different orders and leave them with different limits.
+        # Without it (and the siblings' lock, for the other API servers), two PUTs could reach the engines of
+        # a data-parallel server in different orders and leave them with different limits.
         self._lock = asyncio.Lock()
         self._prefill_rate: float | None = None  # the controller's estimate, for a refusal's Retry-After
         doors = {VLLM_DOOR: VllmDoor, PLUGIN_DOOR: PluginDoor}
         self._door = doors[support.door](engine_client) if engine_client is not None and support.door else None
+        #: The caps and counts this API server shares with its siblings (siblings.py); its own alone if none.
+        self.siblings = siblings or private_table()
+        self._applied = 0  # the generation of the shared caps this process has in force
+        if self._door is not None and self.siblings.count > 1:
+            self._door.count_server_wide(lambda: self.siblings.totals(*self._door.counts(), time.monotonic_ns()))
+
+    def apply_shared_caps(self) -> None:
+        """Put the caps the siblings share in force here, if one of them changed them: before every request
+        the door judges (a few loads from shared memory) and on every tick."""
+        if (door := self._door) is None:
+            return
+        caps = self.siblings.caps()
+        if caps.generation != self._applied:
+            door.caps.max_num_queued_tokens = caps.max_num_queued_tokens
+            door.caps.max_num_queued_reqs = caps.max_num_queued_reqs
+            self._prefill_rate = caps.prefill_tokens_per_second
+            self._applied = caps.generation
+
+    def sync(self) -> None:
+        """One tick: the shared caps in force here, and this process's counts published to its siblings."""
+        self.apply_shared_caps()
+        if (door := self._door) is not None:
+            self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
+
+    def start(self) -> asyncio.Task | None:
+        """The tick, as a task of vLLM's running loop, where there are siblings to keep in step with."""
+        if self.siblings.count == 1 or self._door is None:
+            return None
+
+        async def tick() -> None:
+            while True:
+                try:
+                    self.sync()
+                except Exception:  # the counts read vLLM's internals: one bad tick must not end the others
+                    log.exception("batchlens: could not share this API server's door state with its siblings")
+                await asyncio.sleep(SIBLING_TICK_SECONDS)
+
+        log.info(
+            "batchlens: API server %d of %d: the queued caps and counts are shared with its siblings (%s)",
+            self.siblings.index, self.siblings.count, self.siblings.where,
+        )  # fmt: skip
+        return asyncio.get_running_loop().create_task(tick(), name="batchlens-siblings")
 
     async def _all(self, method: str, *args: Any) -> list[Any]:
         """Call a batchlens utility method on every engine core; one result each."""
@@ -92,7 +143,7 @@ class AdminService:
         return combine(await self._all(BATCH_UTILITY))
 
     async def set_batch(self, body: bytes, client: str) -> BatchState:
-        async with self._lock:
+        async with self._lock, self.siblings.exclusive():
             before = combine(await self._all(BATCH_UTILITY))
             limit = parse_update(body, before.max_num_seqs)
             after = combine(await self._all(BATCH_UTILITY, limit))
@@ -111,14 +162,23 @@ class AdminService:
         return self._door
 
     def _admission(self, door: VllmDoor | PluginDoor) -> AdmissionState:
-        queued_tokens, unfinished = door.counts()
+        now = time.monotonic_ns()
+        queued_tokens, unfinished = self.siblings.totals(*door.counts(), now)
         return AdmissionState(
             max_num_queued_tokens=door.caps.max_num_queued_tokens,
             max_num_queued_reqs=door.caps.max_num_queued_reqs,
             num_queued_tokens=queued_tokens,
             num_unfinished_reqs=unfinished,
             prefill_tokens_per_second=self._prefill_rate,
+            api_servers=self.siblings.count,
+            api_servers_behind=self._behind(now),
         )
+
+    def _behind(self, now: int) -> list[int]:
+        """The siblings without the caps this process has in force (never this process: it just synced)."""
+        if self.siblings.count == 1:
+            return []
+        return [i for i in self.siblings.behind(self._applied, now) if i != self.siblings.index]
 
     def retry_after(self) -> int:
         """What a refusal's Retry-After says: the backlog over the measured prefill rate (1 where unknown)."""
@@ -135,6 +195,7 @@ class AdminService:
         """
         if (door := self._door) is None:
             return None
+        self.apply_shared_caps()  # the caps a sibling set are in force before this request meets them
         reason = plugin_refusal(lambda: self._admission(door), priority, vllm_caps=isinstance(door, VllmDoor))
         if reason is not None and isinstance(door, PluginDoor):
             door.rejections[reason].inc()
@@ -144,16 +205,30 @@ class AdminService:
         return self._admission(self._open_door())
 
     async def set_admission(self, body: bytes, client: str) -> AdmissionState:
+        """Set the caps for every API server of this server: in the shared table, in force here at once, and
+        answered once every sibling has them in force too (or SIBLING_WAIT_SECONDS passed: the answer then
+        names the ones behind)."""
         door = self._open_door()
         changes = parse_admission(body)
-        self._prefill_rate = changes.pop("prefill_tokens_per_second", self._prefill_rate)
-        async with self._lock:
-            before = {name: getattr(door.caps, name) for name in changes}
-            for name, cap in changes.items():
-                setattr(door.caps, name, cap)
-        said = ", ".join(f"{name} {before[name]} -> {cap}" for name, cap in changes.items())
-        log.info("batchlens: admission %s, requested by %s", said, client)
-        return self._admission(door)
+        async with self._lock, self.siblings.exclusive():
+            self.sync()
+            before = {name: getattr(door.caps, name) for name in changes if name != "prefill_tokens_per_second"}
+            current = Caps(0, door.caps.max_num_queued_tokens, door.caps.max_num_queued_reqs, self._prefill_rate)
+            self.siblings.set_caps(changes, current)
+            self.sync()
+        said = ", ".join(f"{name} {cap} -> {getattr(door.caps, name)}" for name, cap in before.items())
+        log.info("batchlens: admission %s on %d API server(s), requested by %s", said, self.siblings.count, client)
+        deadline = time.monotonic() + SIBLING_WAIT_SECONDS
+        while self._behind(time.monotonic_ns()) and time.monotonic() < deadline:
+            await asyncio.sleep(SIBLING_TICK_SECONDS)
+        state = self._admission(door)
+        if state.api_servers_behind:
+            log.warning(
+                "batchlens: API server(s) %s of %d do not have the new caps in force after %gs: hung, or started "
+                "without the plugin (is VLLM_PLUGINS=batchlens set for the whole server?)",
+                state.api_servers_behind, state.api_servers, SIBLING_WAIT_SECONDS,
+            )  # fmt: skip
+        return state
 
     async def reset_prefix_cache(self, client: str) -> CacheReset:
         """vLLM's own reset, on every engine core: what its dev-mode route does, behind our token."""
@@ -215,7 +290,24 @@ def admin_state(engine_client: Any, support: Support) -> AdminService | Refused:
         )  # fmt: skip
     else:
         log.info("batchlens: %s answers 501: %s", ADMISSION_PATH, support.door_refusal)
-    return AdminService(engine_client, token, support, pod)
+    return AdminService(engine_client, token, support, pod, siblings_of(engine_client))
+
+
+def siblings_of(engine_client: Any) -> SiblingTable:
+    """The table this API server shares with the other API servers of its ``vllm serve`` (siblings.py).
+
+    vLLM numbers them on the engine client (``client_index`` of ``client_count``); one API server, or a table
+    that cannot be had (logged: each process then holds its own caps, as vLLM would), is a private table."""
+    core = getattr(engine_client, "engine_core", None)
+    index, count = int(getattr(core, "client_index", 0) or 0), int(getattr(core, "client_count", 1) or 1)
+    try:
+        return open_table(index, count)
+    except (OSError, ValueError) as exc:
+        log.error(
+            "batchlens: API server %d of %d cannot share its caps with its siblings (%s): a cap set through it "
+            "holds for its share of the requests alone", index, count, exc,
+        )  # fmt: skip
+        return private_table(index, count)
 
 
 class NoDoor:
@@ -333,6 +425,7 @@ class BatchlensEndpoint:
         self.listen = admin_listen(os.environ)
         self.own_port: FastAPI | None = None  # the admin API's app, where it has a port of its own
         self._server: asyncio.Task | None = None  # held, so that the loop does not drop it
+        self._tasks: list[asyncio.Task] = []
 
     def attach_router(self, app: FastAPI) -> None:
         log_refusal(self.support)
@@ -346,6 +439,30 @@ class BatchlensEndpoint:
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         service = admin_state(engine_client, self.support)
         setattr(state, STATE_KEY, service)
+        self._tasks = start_service(service)
         if self.own_port is not None:
             setattr(self.own_port.state, STATE_KEY, service)
-            self._server = start_admin_server(self.own_port, self.listen)
+            if serves_own_port(service):
+                self._server = start_admin_server(self.own_port, self.listen)
+
+
+def start_service(service: AdminService | Refused) -> list[asyncio.Task]:
+    """The service's tasks on vLLM's loop (the siblings' tick, where it has siblings), and the arrivals'
+    gaps measured over every sibling: held by the caller, so that the loop does not drop them."""
+    if not isinstance(service, AdminService) or service.siblings.count == 1:
+        return []
+    arrival_metrics().share_last_arrival(service.siblings.swap_last_arrival)
+    task = service.start()
+    return [task] if task is not None else []
+
+
+def serves_own_port(service: AdminService | Refused) -> bool:
+    """Whether this API server binds the admin API's own port: exactly one of the siblings does (the first),
+    and what it sets holds in all of them (the shared table)."""
+    if isinstance(service, AdminService) and service.siblings.index != 0:
+        log.info(
+            "batchlens: API server %d of %d: the admin API's own port is API server 0's; the caps set there hold "
+            "here too", service.siblings.index, service.siblings.count,
+        )  # fmt: skip
+        return False
+    return True

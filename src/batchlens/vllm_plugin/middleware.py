@@ -22,7 +22,15 @@ from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import MIDDLEWARE, check_installed_vllm
-from batchlens.vllm_plugin.endpoint import STATE_KEY, admin_app, admin_state, door_of, log_refusal
+from batchlens.vllm_plugin.endpoint import (
+    STATE_KEY,
+    admin_app,
+    admin_state,
+    door_of,
+    log_refusal,
+    serves_own_port,
+    start_service,
+)
 
 
 class AdminMiddleware:
@@ -33,6 +41,7 @@ class AdminMiddleware:
         self.admin = admin_app()
         self.app = ArrivalMiddleware(app, arrivals=arrival_metrics(), door=lambda: door_of(self.admin.state))
         self._server: asyncio.Task | None = None  # the admin API's own port, where it has one
+        self._tasks: list[asyncio.Task] = []  # the siblings' tick (endpoint.start_service)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -50,7 +59,9 @@ class AdminMiddleware:
         if getattr(self.admin.state, STATE_KEY, None) is None:
             engine_client = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
             if engine_client is not None:
-                setattr(self.admin.state, STATE_KEY, admin_state(engine_client, self.support))
+                service = admin_state(engine_client, self.support)
+                setattr(self.admin.state, STATE_KEY, service)
+                self._tasks = start_service(service)
 
     def _start_own_port(self, scope: dict, send: Any) -> Any:
         """vLLM's lifespan, watched: once its startup is complete the engine client exists, and the port opens."""
@@ -59,6 +70,7 @@ class AdminMiddleware:
             await send(message)
             if message["type"] == "lifespan.startup.complete" and self._server is None:
                 self._bind(scope)
-                self._server = start_admin_server(self.admin, self.listen)
+                if serves_own_port(getattr(self.admin.state, STATE_KEY, None)):
+                    self._server = start_admin_server(self.admin, self.listen)
 
         return watch
