@@ -13,7 +13,15 @@ from harness.litellm import install_batchlens
 from harness.procs import Process, free_port, start_server_with_child
 from harness.shared import once_per_run, run_folder
 from harness.upstreams import Upstreams
-from harness.vllm import ADMIN_TOKEN, RELEASE_CAPTURES, VllmServer, install_plugin, release_of, start_vllm
+from harness.vllm import (
+    ADMIN_TOKEN,
+    DP_SLOTS,
+    RELEASE_CAPTURES,
+    VllmServer,
+    install_plugin,
+    release_of,
+    start_vllm,
+)
 from harness.wheel import Distributions, build_distributions
 
 DATA = Path(__file__).parent / "data"
@@ -91,6 +99,17 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[
     Startup takes about 40 s. The server runs eager (harness.vllm), so no batch size stalls on a compile later.
     """
     server = start_vllm(tmp_path_factory.mktemp("vllm"), env={**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN})
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
+    """``vllm serve --data-parallel-size 2``, as users start it: two engine cores and, by vLLM's default, two API
+    server processes on one socket (tests/test_vllm_api_servers.py, tests/test_control_vllm.py)."""
+    server = start_vllm(tmp_path_factory.mktemp("vllm-dp2"), env={**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN},
+                        serve=True, max_num_seqs=DP_SLOTS, memory_fraction=0.1,
+                        extra_args=("--data-parallel-size", "2"))  # fmt: skip
     yield server
     server.process.stop()
 

@@ -217,3 +217,29 @@ def test_the_published_profile_reproduces_its_measurement_and_keeps_rising_with_
     assert one == pytest.approx(PUBLISHED["concurrency_1_tokens_per_second"], rel=0.1)
     assert eight / one == pytest.approx(PUBLISHED["concurrency_8_speedup"], rel=0.1)
     assert one < eight < rate(32) < rate(128), "no throughput wall before KV binds, unlike the article's profile"
+
+
+def decode_step(gpu: str, model: str, batch: int, context: int) -> float:
+    """One decode step's seconds at ``batch`` running requests of ``context`` cached tokens each."""
+    engine = Engine(GPUS[gpu], MODELS[model], max_num_seqs=1024)
+    kv = engine.kv_bytes_read(batch * context, batch)
+    return engine.step_seconds(batch, 0, kv, engine.model.weights_read(batch))
+
+
+def test_the_deepseek_profiles_hold_their_calibration_and_the_recipes_trade_offs() -> None:
+    """DP8+EP on H200 decodes ~2.2k tokens/s a GPU at 256 a rank (vLLM's published wide-EP figure, the profile's
+    anchor, profiles.py); prefill ~6k tokens/s a GPU; TP8+EP is the faster at batch 1 and DP8+EP per GPU at high
+    load, as vLLM's recipe says; 99 GB of weights a GPU do not fit an 80 GB H100, where DP16+EP does."""
+    assert 256 / decode_step("h200", "deepseek-v3-dp8ep", 256, 2000) == pytest.approx(2200, rel=0.05)
+    engine = Engine(GPUS["h200"], MODELS["deepseek-v3-dp8ep"])
+    assert 8192 / engine.step_seconds(1, 8192, 0, engine.model.weights_read(8192)) == pytest.approx(6000, rel=0.05)
+    model = MODELS["deepseek-v3-dp8ep"]
+    assert model.weights_read(1) < model.weights_read(8) < model.weights_read(64) <= model.resident_bytes
+    assert model.weights_read(64) > 0.99 * model.resident_bytes  # 512 tokens over 8 ranks reach every expert
+    tp_batch1, dp_batch1 = (decode_step("h200", f"deepseek-v3-{m}", 1, 2000) for m in ("tp8ep", "dp8ep"))
+    assert tp_batch1 < dp_batch1
+    tp_per_gpu = 256 / decode_step("h200", "deepseek-v3-tp8ep", 256, 2000) / 8  # one engine over 8 GPUs
+    assert tp_per_gpu < 256 / decode_step("h200", "deepseek-v3-dp8ep", 256, 2000)
+    with pytest.raises(ValueError, match="does not fit"):
+        Engine(GPUS["h100"], MODELS["deepseek-v3-dp8ep"])
+    assert Engine(GPUS["h100"], MODELS["deepseek-v3-dp16ep"]).num_gpu_blocks > 0

@@ -12,7 +12,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,24 +21,16 @@ from batchlens.vllm_plugin.admin_port import PORT_ENV
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, set_caps
 from harness.exporter import one, parse_samples
 from harness.procs import free_port, http_get
-from harness.vllm import ADMIN_TOKEN, VllmServer, start_vllm
+from harness.vllm import ADMIN_TOKEN, DP_SLOTS, VllmServer, start_vllm
 
 pytestmark = pytest.mark.vllm
 
-SLOTS = 16  # --max-num-seqs
+SLOTS = DP_SLOTS  # --max-num-seqs
 
 
 def start(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], *args: str) -> VllmServer:
     return start_vllm(tmp_path_factory.mktemp("vllm-serve"), env={**env, TOKEN_ENV: ADMIN_TOKEN}, serve=True,
                       max_num_seqs=SLOTS, memory_fraction=0.1, extra_args=args)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def dp2(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
-    """``vllm serve --data-parallel-size 2``: two engine cores, and two API servers by vLLM's default."""
-    server = start(tmp_path_factory, vllm_plugin_env, "--data-parallel-size", "2")
-    yield server
-    server.process.stop()
 
 
 def completion(server: VllmServer, prompt_tokens: int, max_tokens: int) -> int:
@@ -70,9 +61,9 @@ def counted(server: VllmServer) -> list[tuple[float, float, float]]:
     return scrapes
 
 
-def test_one_put_sets_both_caps_in_every_api_server(dp2: VllmServer) -> None:
+def test_one_put_sets_both_caps_in_every_api_server(vllm_dp_server: VllmServer) -> None:
     """And the batch limit reaches both engine cores (the contract, through vLLM's port: either API server)."""
-    admin = AdminClient(dp2.url, dp2.admin_token)
+    admin = AdminClient(vllm_dp_server.url, vllm_dp_server.admin_token)
     check_contract(admin, SLOTS)
     state = admin.set_limit(3)
     assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
@@ -80,47 +71,49 @@ def test_one_put_sets_both_caps_in_every_api_server(dp2: VllmServer) -> None:
     admin.set_limit(SLOTS)
     reply = set_caps(admin, max_num_queued_tokens=4096, max_num_queued_reqs=64)
     assert (reply["api_servers"], reply["api_servers_behind"]) == (2, []), reply
-    seen = [json.loads(http_get(dp2.url + ADMISSION_PATH)[1]) for _ in range(12)]  # fresh connections
+    seen = [json.loads(http_get(vllm_dp_server.url + ADMISSION_PATH)[1]) for _ in range(12)]  # fresh connections
     assert {(s["max_num_queued_tokens"], s["max_num_queued_reqs"], s["api_servers"]) for s in seen} == {(4096, 64, 2)}
-    log = dp2.process.log_path.read_text(errors="replace")
+    log = vllm_dp_server.process.log_path.read_text(errors="replace")
     for index in (0, 1):
         assert f"API server {index} of 2: the queued caps and counts are shared" in log
     set_caps(admin, max_num_queued_tokens=None, max_num_queued_reqs=None)
 
 
-def test_a_request_cap_holds_over_every_api_server_and_every_scrape_counts_each_refusal(dp2: VllmServer) -> None:
-    admin = AdminClient(dp2.url, dp2.admin_token)
-    before = counted(dp2)[0]
+def test_a_request_cap_holds_over_every_api_server_and_each_scrape_counts_it(
+    vllm_dp_server: VllmServer,
+) -> None:
+    admin = AdminClient(vllm_dp_server.url, vllm_dp_server.admin_token)
+    before = counted(vllm_dp_server)[0]
     set_caps(admin, max_num_queued_reqs=2)
     try:
         with ThreadPoolExecutor(16) as pool:
-            statuses = list(pool.map(lambda _: completion(dp2, 32, 300), range(16)))
+            statuses = list(pool.map(lambda _: completion(vllm_dp_server, 32, 300), range(16)))
     finally:
         set_caps(admin, max_num_queued_reqs=None)
     admitted, refused = statuses.count(200), statuses.count(503)
     assert admitted + refused == 16 and 1 <= admitted <= 4, statuses  # per process it would be up to 2 each
-    for vllm_refusals, door_refusals, arrivals in counted(dp2):
+    for vllm_refusals, door_refusals, arrivals in counted(vllm_dp_server):
         assert (vllm_refusals - before[0], door_refusals - before[1], arrivals - before[2]) == (refused, refused, 16)
 
 
-def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(dp2: VllmServer) -> None:
+def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(vllm_dp_server: VllmServer) -> None:
     """One running request per engine core holds the batch (limit 1); then 100-token prompts one at a time: with
     a cap of 250 queued prompt tokens, the server takes 3 (0, 100, 200 queued before each) and refuses the rest,
     whichever API server each lands on. Counted per process, as vLLM counts, it would take 3 per process."""
-    admin = AdminClient(dp2.url, dp2.admin_token)
+    admin = AdminClient(vllm_dp_server.url, vllm_dp_server.admin_token)
     admin.set_limit(1)
     pool = ThreadPoolExecutor(10)
     try:
         blockers = []
         for running in (1, 2):  # one at a time, so that vLLM's balancer gives each engine core one
-            blockers.append(pool.submit(completion, dp2, 16, 1200))
+            blockers.append(pool.submit(completion, vllm_dp_server, 16, 1200))
             until(lambda n=running: sorted(e.num_running for e in admin.state().engines) == [n - 1, 1], admin)
             time.sleep(0.5)  # the DP coordinator's counts reach both API servers' balancers
         until(lambda: state(admin)["num_queued_tokens"] == 0, admin)  # both past their prefill
         set_caps(admin, max_num_queued_tokens=250)
         statuses = []
         for sent in range(1, 9):
-            waiter = pool.submit(completion, dp2, 100, 1)
+            waiter = pool.submit(completion, vllm_dp_server, 100, 1)
             taken = 2 + statuses.count(200) + 1  # the blockers, those admitted, and this one
             until(lambda w=waiter, n=taken: w.done() or state(admin)["num_unfinished_reqs"] == n, admin)
             statuses.append(waiter.result() if waiter.done() else 200)
@@ -134,7 +127,7 @@ def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(dp2: VllmSe
     assert queued["num_queued_tokens"] == 300, queued
     assert [b.result() for b in blockers] == [200, 200]
     # The gaps between arrivals are the server's: one fewer than its arrivals, whichever process took each.
-    samples = parse_samples(dp2.metrics_text())
+    samples = parse_samples(vllm_dp_server.metrics_text())
     arrivals = sum(v for k, v in samples.items() if k[0] == "batchlens_door_requests_total")
     assert one(samples, "batchlens_request_interarrival_seconds_count") == arrivals - 1
 

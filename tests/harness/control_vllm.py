@@ -58,6 +58,7 @@ class Steered:
     accounting: dict  # every request sent: answered, refused (503, 429), failed by reason
     limits_seen: list[int]  # the limit in force, every 0.5 s, as the exporter saw it
     moves: int  # the controller's decisions that moved the limit
+    decisions: dict  # the hook's /metrics samples at the end: its decisions by instance and reason
 
 
 @dataclass
@@ -107,11 +108,14 @@ def wait_until_judging(hook: RemediateProcess, timeout: float = 30) -> None:
 
 
 def watch_limit(exporter: ExporterProcess, stop: threading.Event, seen: list[int]) -> None:
-    """The limit in force every 0.5 s. Under overload the exporter's read of the admin API can time out: that
-    scrape has no batchlens_batch_limit (its source is down), and the watch goes on to the next."""
+    """The limit in force every 0.5 s (one value a scrape: every engine core of the server must hold the same).
+    Under overload the exporter's read of the admin API can time out: that scrape has no batchlens_batch_limit
+    (its source is down), and the watch goes on to the next."""
     while not stop.wait(0.5):
         found = pick(parse_samples(exporter.scrape()[1]), "batchlens_batch_limit", vllm_instance="cpu")
-        seen.extend(int(v) for v in found.values())
+        limits = set(found.values())
+        assert len(limits) <= 1, f"the engine cores of one server hold different limits: {found}"
+        seen.extend(int(v) for v in limits)
 
 
 def bursty_trace(folder: Path, seconds: float = SECONDS, rate: float = RATE) -> tuple[Path, int]:
@@ -135,9 +139,11 @@ def served_rate(folder: Path, server: VllmServer, seconds: float = 3) -> float:
     return run["throughput_tokens_s"] / (sum(OUTPUTS) / len(OUTPUTS))
 
 
-def steer(folder: Path, server: VllmServer, trace: Path, start: int = SMALL, **control) -> Steered:
+def steer(
+    folder: Path, server: VllmServer, trace: Path, start: int = SMALL, capacity: int = CAPACITY, **control
+) -> Steered:
     """The trace replayed with the controller steering from ``start`` (``control`` adds to its settings);
-    the limit is put back to the capacity after."""
+    the limit is put back to the ``capacity`` (the server's --max-num-seqs) after."""
     folder.mkdir(parents=True, exist_ok=True)
     admin = AdminClient(server.url, ADMIN_TOKEN)
     engines = [{"name": "cpu", "url": server.url}]
@@ -165,10 +171,10 @@ def steer(folder: Path, server: VllmServer, trace: Path, start: int = SMALL, **c
             exporter.stop()
             hook.stop()
     finally:
-        admin.set_limit(CAPACITY)
+        admin.set_limit(capacity)
         admin.request("PUT", ADMISSION_PATH, b'{"max_num_queued_tokens": null, "max_num_queued_reqs": null}')
     [run] = done["policies"]
-    return Steered(run, done["accounting"]["total"], seen, moves(decisions))
+    return Steered(run, done["accounting"]["total"], seen, moves(decisions), decisions)
 
 
 def steer_against_statics(folder: Path, server: VllmServer, runs: int = 1) -> Comparison:

@@ -36,6 +36,7 @@ VLLM_VERSION = "0.32.0"
 ADMIN_TOKEN = "test-admin-token"
 DEFAULT_VENV = Path.home() / ".cache" / "batchlens" / f"vllm-{VLLM_VERSION}"
 MODEL_NAME = "tiny-llama"
+DP_SLOTS = 16  # the session's data-parallel server's --max-num-seqs (tests/conftest.py)
 KV_CACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"  # GiB, read by every CPU release in the matrix
 STARTUP_TIMEOUT = float(os.environ.get("BATCHLENS_VLLM_STARTUP_TIMEOUT", "420"))
 

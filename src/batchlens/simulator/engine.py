@@ -88,7 +88,7 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.block_size = block_size
         if num_gpu_blocks is None:
-            kv_memory = gpu.memory_bytes * gpu_memory_utilization - model.weight_bytes
+            kv_memory = gpu.memory_bytes * gpu_memory_utilization - model.resident_bytes
             num_gpu_blocks = int(kv_memory // (model.kv_bytes_per_token * block_size))
         if num_gpu_blocks < 1:
             raise ValueError(f"{model.name} does not fit on {gpu.name}: no memory left for the KV cache")
@@ -183,8 +183,9 @@ class Engine:
         prefill = sum(n for r, n in plan_items if r.in_prefill)
         decode = sum(n for r, n in plan_items if not r.in_prefill)
         kv_read = self.kv_bytes_read(sum(r.computed for r, _ in plan_items), len(plan_items))
-        bytes_read = self.model.weight_bytes + kv_read if plan_items else 0.0
-        duration = self.step_seconds(len(plan_items), prefill, kv_read)
+        weights = self.model.weights_read(prefill + decode)
+        bytes_read = weights + kv_read if plan_items else 0.0
+        duration = self.step_seconds(len(plan_items), prefill, kv_read, weights)
 
         end = now + duration
         produced, finished = [], []
@@ -234,12 +235,16 @@ class Engine:
         """KV bytes attention reads in one step (see ModelProfile.kv_reread_batch)."""
         return cached_tokens * self.model.kv_bytes_per_token * (1 + batch / self.model.kv_reread_batch)
 
-    def step_seconds(self, batch: int, prefill_tokens: int, kv_bytes: float) -> float:
-        """Weights and KV over the achievable bandwidth, or prefill compute if longer, plus the overhead."""
+    def step_seconds(
+        self, batch: int, prefill_tokens: int, kv_bytes: float, weight_bytes: float | None = None
+    ) -> float:
+        """Weights and KV over the achievable bandwidth, or prefill compute if longer, plus the overhead.
+        ``weight_bytes``: what the step reads of the weights (a MoE's experts as far as its tokens reach)."""
         if batch == 0:
             return 0.0
         bandwidth = self.gpu.bandwidth_bytes_per_second * self.gpu.bandwidth_efficiency
-        memory = (self.model.weight_bytes + kv_bytes) / bandwidth
+        weights = self.model.weight_bytes if weight_bytes is None else weight_bytes
+        memory = (weights + kv_bytes) / bandwidth
         compute = prefill_tokens * self.model.flops_per_token / self.gpu.flops
         a, b = self.model.overhead_seconds
         return max(memory, compute) + a + b * batch

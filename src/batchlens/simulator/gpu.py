@@ -53,7 +53,7 @@ class SimulatedGpu:
             "sm_busy_ratio": sm_busy,
             "memory_busy_ratio": min(1.0, memory / self._window),
             "dram_bandwidth_ratio": min(1.0, moved / (gpu.bandwidth_bytes_per_second * self._window)),
-            "memory_used_bytes": engine.model.weight_bytes + kv_bytes,
+            "memory_used_bytes": engine.model.resident_bytes + kv_bytes,
             "memory_total_bytes": gpu.memory_bytes,
             "memory_bandwidth_peak_bytes_per_second": gpu.bandwidth_bytes_per_second,
             "power_watts": power,

@@ -41,6 +41,66 @@ class ModelProfile:
     #: throughput gains shrink past batch 8 while bandwidth use climbs, as the article measured on
     #: DeepSeek-class models. A calibration, not a law: math.inf gives a pure roofline.
     kv_reread_batch: float = 8.0
+    #: Mixture of experts under expert parallelism (DeepSeek-V3-class): the routed experts' bytes on this GPU,
+    #: read only as far as the step's tokens route to them. ``weight_bytes`` is then what every step reads
+    #: whole: attention, the shared expert, embeddings.
+    expert_bytes: float = 0.0
+    #: The share of the routed experts one token picks (top-k of all: 8/256 for DeepSeek-V3).
+    expert_share: float = 0.0
+    #: The ranks that run each step in lock step and route their tokens to this GPU's experts (the DP size with
+    #: --enable-expert-parallel: the DP coordinator keeps every rank stepping, dummy batches on idle ones).
+    #: The simulator runs one rank and takes the others to carry the same batch.
+    lockstep_ranks: int = 1
+
+    def weights_read(self, tokens: int) -> float:
+        """The weight bytes one step of ``tokens`` scheduled tokens (on each rank) reads: everything dense, and
+        each local expert that at least one of the step's tokens on any rank routes to."""
+        if not self.expert_bytes or tokens <= 0:
+            return self.weight_bytes if tokens > 0 else 0.0
+        untouched = (1.0 - self.expert_share) ** (tokens * self.lockstep_ranks)
+        return self.weight_bytes + self.expert_bytes * (1.0 - untouched)
+
+    @property
+    def resident_bytes(self) -> float:
+        """The weights this GPU holds, read or not: what is left of its memory goes to the KV cache."""
+        return self.weight_bytes + self.expert_bytes
+
+
+# DeepSeek-V3/R1 (671B, 37B active, MLA, FP8 weights), from its published config (config.json, the V3 report):
+# 61 layers, the first 3 dense; 58 MoE layers of 256 routed experts (top 8) and one shared, each expert three
+# 7168x2048 matrices (44.0M parameters). Routed experts: 256 x 58 x 44.0M = 654B parameters, 1 byte each in
+# FP8; the rest (MLA attention, the shared experts, the dense FFNs, embeddings and head) ~17B, every rank's.
+# MLA caches one 512-wide latent and a 64-wide RoPE key per layer: (512 + 64) x 61 x 2 bytes (BF16) per token.
+_DS_DENSE = 17 * GB
+_DS_EXPERTS = 654 * GB
+_DS_KV = (512 + 64) * 61 * 2
+#: Prefill FLOPs per token at the BF16 rate the GPU profiles give: 2 x 37B in FP8 (twice that rate) plus MLA's
+#: attention, at the MFU that puts H100/H200 prefill at ~6,000 computed tokens/s per GPU, between two published
+#: figures: DeepSeek's production H800s at ~4,000 (73.7k input tokens/s per node, 56.3% of them prefix-cache
+#: hits: "DeepSeek-V3/R1 Inference System Overview", github.com/deepseek-ai/open-infra-index, 2025-03-01) and
+#: vLLM's H200 at a third to a fifth of its GB200's 26.2k ("Driving vLLM WideEP and Large-Scale Serving Toward
+#: Maturity on Blackwell (Part I)", blog.vllm.ai, 2026-02). H800 computes as H100, and H200 as both.
+_DS_FLOPS = 989e12 / 6000
+#: Per step: 58 MoE layers x 2 all-to-alls (dispatch, combine) at ~25 us each, and launches; with CUDA graphs.
+_DS_STEP = 0.004
+#: Per token of the batch: the all-to-all's bytes (~10 MB a token: 58 layers x 7168 x (1 byte out + 2 back) x 8
+#: experts) over NVLink (~450 GB/s) is ~22 us; the rest, MoE grouped GEMMs and MLA's absorbed attention far
+#: from their rooflines, is calibrated so that DP8+EP decode on H200 gives ~2.2k output tokens/s per GPU at a
+#: batch of 256 per rank and a 2k-token context: vLLM's published wide-EP figure ("vLLM Large Scale Serving:
+#: DeepSeek @ 2.2k tok/s/H200 with Wide-EP", blog.vllm.ai, 2025-12-17), an upper bound for one node's DP8.
+_DS_TOKEN = 0.000300
+
+
+def _deepseek_v3(
+    recipe: str, *, ranks: int, tp: int = 1, step: float = _DS_STEP, token_cost: float = _DS_TOKEN
+) -> ModelProfile:
+    """DeepSeek-V3 on 8 GPUs an engine (``ranks`` DP ranks of one GPU, or one engine of ``tp`` GPUs), seen from
+    one GPU: the dense part split ``tp`` ways, the experts 8 GPUs' worth (or ``ranks``' where there are more),
+    each rank's tokens reaching every GPU's experts in lock step."""
+    return ModelProfile(
+        f"deepseek-v3-{recipe}", _DS_DENSE / tp, _DS_KV, _DS_FLOPS / tp, (step, token_cost), kv_reread_batch=math.inf,
+        expert_bytes=_DS_EXPERTS / max(8, ranks), expert_share=8 / 256, lockstep_ranks=ranks,
+    )  # fmt: skip
 
 
 GPUS: dict[str, GpuProfile] = {
@@ -65,6 +125,19 @@ MODELS: dict[str, ModelProfile] = {
     "llama-3.1-8b": ModelProfile(
         "llama-3.1-8b", 16.06 * GB, 2 * 32 * 8 * 128 * 2, 2 * 8.03e9, (0.0, 0.00002), kv_reread_batch=math.inf
     ),
+    # DeepSeek-V3, one rank of vLLM's high-load recipe on one 8xH200 node: --data-parallel-size 8
+    # --enable-expert-parallel. Each GPU holds the dense part and 32 of the 256 experts; the 8 ranks step in
+    # lock step and each one's tokens reach every GPU's experts. Does not fit an 80 GB card (99 GB of weights).
+    "deepseek-v3-dp8ep": _deepseek_v3("dp8ep", ranks=8),
+    # The two-node recipe on H100 (80 GB): --data-parallel-size 16 --data-parallel-size-local 8, a --headless
+    # second node; 16 of the experts per GPU. Half of each all-to-all crosses the network, not NVLink.
+    "deepseek-v3-dp16ep": _deepseek_v3("dp16ep", ranks=16, token_cost=_DS_TOKEN * 1.5),
+    # vLLM's low-load recipe on 8xH200: --tensor-parallel-size 8 --enable-expert-parallel, one engine over 8
+    # GPUs, seen from one of them: an eighth of the dense weights, 32 experts, the whole batch's KV (MLA's latent
+    # cache cannot be split by head, so every TP rank holds it all). All-reduces, not all-to-alls: cheaper per
+    # token (a quarter), but two per layer at ~25 us each (3 ms a step more), and the engine's whole batch on
+    # every GPU.
+    "deepseek-v3-tp8ep": _deepseek_v3("tp8ep", ranks=1, tp=8, step=_DS_STEP + 0.003, token_cost=_DS_TOKEN / 4),
 }
 
 #: The measurement the a100-40g + llama-3.1-8b pair is calibrated to: J. Musgrave, "vLLM throughput-latency
