@@ -8,7 +8,14 @@ from __future__ import annotations
 import logging
 
 from batchlens.config import Engine
-from batchlens.exporter.gpu_mapping import assign_engines, engine_of, process_owners, static_mapping
+from batchlens.exporter.gpu_mapping import (
+    assign_engines,
+    device_ranks,
+    dp_rank_of,
+    engine_of,
+    process_owners,
+    static_mapping,
+)
 from batchlens.exporter.gpu_metrics import GpuDevice, GpuProcess
 
 GPU0 = GpuDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3")
@@ -66,3 +73,16 @@ def test_static_mapping_reads_indexes_and_uuids_and_warns_on_conflicts(caplog) -
     with caplog.at_level(logging.WARNING, "batchlens.exporter"):
         assert static_mapping(engines) == {"0": "a", "GPU-1": "a"}
     assert "GPU 0 is listed under engines a and b" in caplog.text
+
+
+def test_the_dp_rank_comes_from_vllms_process_titles_nearest_first() -> None:
+    assert dp_rank_of(["VLLM::Worker_DP12_TP3_EP99", "VLLM::EngineCore_DP12", "vllm serve"]) == "12"
+    assert dp_rank_of(["python worker.py", "VLLM::EngineCore_DP3"]) == "3"  # an untitled child of a rank's core
+    assert dp_rank_of(["VLLM::EngineCore", "VLLM::Worker_TP1"]) == ""  # no data parallelism
+    assert dp_rank_of(["pytest -k VLLM::EngineCore_DP1", "VLLM::EngineCore_DP123456"]) == ""  # not a title; too long
+
+
+def test_a_gpu_takes_the_rank_of_the_process_using_most_of_it() -> None:
+    procs = [GpuProcess(0, "", 100, 70e9), GpuProcess(0, "", 200, 1e9), GpuProcess(1, "", 300, None)]
+    assert device_ranks([GPU0, GPU1], procs, {100: "8", 200: "9", 300: "15"}) == {GPU0: "8", GPU1: "15"}
+    assert device_ranks([GPU0], procs, {}) == {}

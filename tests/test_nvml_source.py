@@ -280,6 +280,31 @@ def test_gpus_map_to_engines_through_a_real_process_tree(server_with_child) -> N
     assert value(samples, "batchlens_gpu_memory_busy_ratio", labels(gpus[0], 0)) == 0
 
 
+def test_on_a_headless_node_vllms_gpu_processes_are_the_engines_and_each_gpu_wears_its_rank(tmp_path) -> None:
+    """``vllm serve --headless --data-parallel-start-rank 8``: engine cores, no API server to walk up to. Real
+    processes titled as vLLM titles its ranks' (``exec -a``); the driver is the fake NVML."""
+    cores = [subprocess.Popen(["bash", "-c", f"exec -a VLLM::EngineCore_DP{rank} sleep 60"]) for rank in (8, 9)]
+    try:
+        deadline = time.monotonic() + 10
+        while not all(psutil.Process(c.pid).cmdline()[:1] == [f"VLLM::EngineCore_DP{r}"]
+                      for c, r in zip(cores, (8, 9), strict=True)):  # fmt: skip
+            assert time.monotonic() < deadline, "the stand-ins never took their titles"
+            time.sleep(0.05)
+        gpus = [h100_sxm(i, processes=[FakeProcess(core.pid, 70 * GIB)]) for i, core in enumerate(cores)]
+        gpus.append(h100_sxm(2, processes=[FakeProcess(os.getpid(), 1 * GIB)]))  # a CUDA process of no vLLM
+        rig = Rig(gpus)
+        rig.src = NvmlSource([], nvml=rig.nvml, headless_engine="deepseek")
+        samples = rig.scrape({"deepseek": "deepseek-v3"})
+        for index, rank in ((0, "8"), (1, "9")):
+            ranked = {**labels(gpus[index], index, engine="deepseek", model="deepseek-v3"), "dp_rank": rank}
+            assert value(samples, "batchlens_gpu_memory_busy_ratio", ranked) == 0
+        assert value(samples, "batchlens_gpu_memory_busy_ratio", labels(gpus[2], 2)) == 0  # not vLLM's: unmapped
+    finally:
+        for core in cores:
+            core.kill()
+            core.wait()
+
+
 @pytest.mark.parametrize("failure", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN])
 def test_a_gpu_lost_mid_run_goes_down_alone_and_comes_back(failure: int) -> None:
     gpus = [h100_sxm(0, util_gpu=50), h100_sxm(1, util_gpu=60)]

@@ -240,6 +240,11 @@ class Exporter(_Section):
     pod_resources_socket: str = Field(
         "", description="the kubelet's pod-resources socket, for GPU-to-pod labels on Kubernetes; empty: not asked"
     )
+    headless_engine: str = Field(
+        "", description="on a `vllm serve --headless` node (engine cores, no API server): the engine they serve, "
+        "named as the head's exporter names it; this node's vLLM GPU processes are mapped to it and each GPU to "
+        "its DP rank, by the processes' titles",
+    )  # fmt: skip
 
 
 class Thresholds(_Section):

@@ -19,6 +19,7 @@ its memory (then the first by name): a series has one ``vllm_instance``, and
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -54,6 +55,36 @@ def engine_of(lineage: Sequence[int], servers: Mapping[int, str]) -> str | None:
         if engine is not None:
             return engine
     return None
+
+
+#: vLLM's titles for the processes of a data-parallel rank: ``VLLM::EngineCore_DP<rank>`` for its engine core,
+#: ``VLLM::Worker_DP<rank>_TP<t>...`` for the workers under it (the global rank, on a --headless node too).
+_DP_TITLE = re.compile(r"^VLLM::[A-Za-z]+_DP([0-9]{1,5})(?![0-9])")
+
+
+def is_vllm_title(title: str) -> bool:
+    return title.startswith("VLLM::")
+
+
+def dp_rank_of(titles: Iterable[str]) -> str:
+    """The data-parallel rank of a process, from its own title or its nearest ancestor's (nearest first); ""
+    where none names one (no data parallelism)."""
+    for title in titles:
+        if found := _DP_TITLE.match(title):
+            return str(int(found.group(1)))
+    return ""
+
+
+def device_ranks(
+    devices: Iterable[GpuDevice], processes: Sequence[GpuProcess], ranks: Mapping[int, str]
+) -> dict[GpuDevice, str]:
+    """device -> the DP rank of the process using the most of its memory, for the devices a ranked process uses."""
+    found: dict[GpuDevice, str] = {}
+    for device in devices:
+        on_it = [(p.used_bytes or 0.0, ranks[p.pid]) for p in processes if _runs_on(p, device) and ranks.get(p.pid)]
+        if on_it:
+            found[device] = max(on_it, key=lambda used_rank: (used_rank[0], -int(used_rank[1])))[1]
+    return found
 
 
 def _static_engine(device: GpuDevice, static: Mapping[str, str]) -> str | None:

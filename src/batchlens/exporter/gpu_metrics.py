@@ -169,6 +169,7 @@ def gpu_families(
     process_engines: Mapping[int, str],
     source: str = "nvml",
     pods: Mapping[GpuDevice, Sequence[tuple[str, str, str]]] | None = None,
+    ranks: Mapping[GpuDevice, str] | None = None,
 ) -> list[Metric]:
     """The NVML source's families.
 
@@ -177,12 +178,16 @@ def gpu_families(
     ``engines`` maps a device to the engine that uses it and ``models`` an engine
     to its model; ``process_engines`` maps a compute process to its engine.
     ``pods`` (on Kubernetes) maps a device to the (namespace, pod, container) holding it, first first.
+    ``ranks`` maps a device to the data-parallel rank of the engine core on it: its series carry ``dp_rank``.
     """
     labelled = []
     for r in readings:
         engine = engines.get(r.device, "")
         held = None if pods is None else next(iter(pods.get(r.device, ())), ())
-        labelled.append((device_labels(r.device, engine, models.get(engine, ""), held), r))
+        labels = device_labels(r.device, engine, models.get(engine, ""), held)
+        if rank := (ranks or {}).get(r.device):
+            labels["dp_rank"] = rank
+        labelled.append((labels, r))
     metrics = [
         # Up per physical GPU, beside the source's own series: a lost GPU leaves the others alone.
         source_up(

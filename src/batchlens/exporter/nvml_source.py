@@ -40,7 +40,15 @@ from prometheus_client.metrics_core import Metric
 from batchlens.config import Engine
 from batchlens.exporter import families as fam
 from batchlens.exporter.gpu_bandwidth import peak_bandwidth
-from batchlens.exporter.gpu_mapping import assign_engines, engine_of, process_owners, static_mapping
+from batchlens.exporter.gpu_mapping import (
+    assign_engines,
+    device_ranks,
+    dp_rank_of,
+    engine_of,
+    is_vllm_title,
+    process_owners,
+    static_mapping,
+)
 from batchlens.exporter.gpu_metrics import (
     DRAM_BANDWIDTH,
     MEMORY_BUSY,
@@ -53,7 +61,7 @@ from batchlens.exporter.gpu_metrics import (
 )
 from batchlens.exporter.kubelet.client import PodResourcesClient, PodResourcesError
 from batchlens.exporter.kubelet.holders import PodRef, device_holders, holders
-from batchlens.exporter.processes import ServerPids, lineage
+from batchlens.exporter.processes import ServerPids, lineage, titles
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
 
@@ -246,8 +254,10 @@ class NvmlSource:
         models: Callable[[], Mapping[str, str]] = dict,
         pod_resources: PodResourcesClient | None = None,
         names: Callable[[], Collection[str]] | None = None,
+        headless_engine: str = "",
     ):
-        """``names`` gives the engine names in force (discovery changes them); default: ``engines``'."""
+        """``names`` gives the engine names in force (discovery changes them); default: ``engines``'.
+        ``headless_engine``: on a ``--headless`` node, the engine its vLLM processes serve (no server here)."""
         if nvml is None:
             import pynvml as nvml
         self._nvml = nvml
@@ -260,6 +270,8 @@ class NvmlSource:
         self._pod_resources = pod_resources
         self._servers = ServerPids(engines, "nvml")
         self._lineages: dict[int, tuple[int, ...]] = {}
+        self._titles: dict[int, tuple[str, ...]] = {}  # pid -> the titles of its lineage, nearest first
+        self._headless = headless_engine
         self._gpus: list[Gpu] | None = None
         self._driver: dict[str, str] = {}
         self._static_checked = False
@@ -307,7 +319,7 @@ class NvmlSource:
         devices = [r.device for r in readings]
         if not self._static_checked and not down:
             self._check_static(devices)
-        own = self._process_engines(processes)
+        own, ranks = self._process_engines(processes)
         pods = self._holders(devices)
         pod_engines = {d: engine for d, refs in (pods or {}).items() if (engine := next(self._engines_of(refs), None))}
         metrics = gpu_families(
@@ -318,6 +330,7 @@ class NvmlSource:
             processes,
             process_owners(processes, own, devices, self._static),
             pods=pods,
+            ranks=device_ranks(devices, processes, ranks),
         )
         metrics.append(fam.info("batchlens_nvml_info", "The NVIDIA driver and NVML library versions.", self._driver))
         metrics.append(_driver_present(True))
@@ -595,12 +608,22 @@ class NvmlSource:
             for p in found or ()
         ]
 
-    def _process_engines(self, processes: Sequence[GpuProcess]) -> dict[int, str]:
-        """pid -> engine, by walking each GPU process's ancestors up to an engine's server."""
+    def _process_engines(self, processes: Sequence[GpuProcess]) -> tuple[dict[int, str], dict[int, str]]:
+        """pid -> engine, by walking each GPU process's ancestors up to an engine's server (on a --headless node,
+        where none is, any vLLM process is the headless engine's); and pid -> its DP rank, from its line's titles.
+        """
         servers = {pid: name for name, pid in self._servers.resolve().items()} if processes else {}
         live = {p.pid for p in processes}
-        # A process's ancestry does not change; remember it while the process lives.
+        # A process's ancestry and title do not change once it holds a GPU (vLLM retitles it before CUDA starts):
+        # remember them while the process lives.
         self._lineages = {pid: self._lineages[pid] if pid in self._lineages else lineage(pid) for pid in live}
-        if not servers:
-            return {}
-        return {pid: engine for pid in live if (engine := engine_of(self._lineages[pid], servers))}
+        self._titles = {pid: self._titles[pid] if pid in self._titles else titles(self._lineages[pid]) for pid in live}
+        ranks = {pid: rank for pid in live if (rank := dp_rank_of(self._titles[pid]))}
+        engines = {}
+        for pid in live:
+            engine = engine_of(self._lineages[pid], servers) if servers else None
+            if engine is None and self._headless and any(is_vllm_title(t) for t in self._titles[pid]):
+                engine = self._headless
+            if engine:
+                engines[pid] = engine
+        return engines, ranks

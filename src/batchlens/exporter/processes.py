@@ -45,6 +45,18 @@ def lineage(pid: int) -> tuple[int, ...]:
         return ()
 
 
+def titles(pids: tuple[int, ...]) -> tuple[str, ...]:
+    """Each process's command line as it shows itself (vLLM retitles its processes: ``VLLM::EngineCore_DP3``);
+    "" for one that is gone or not visible."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(" ".join(psutil.Process(pid).cmdline()).strip())
+        except psutil.Error:
+            found.append("")
+    return tuple(found)
+
+
 def _alive(process: psutil.Process) -> bool:
     """Still the same process (pid and start time), and not a zombie awaiting its parent."""
     try:

@@ -119,6 +119,7 @@ class Exporter:
             models=models,
             pod_resources=self._kubelet,
             names=self._engines.keys,
+            headless_engine=self.config.exporter.headless_engine,
         )
         sources.append(self._nvml)
         return sources
