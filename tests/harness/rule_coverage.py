@@ -25,6 +25,9 @@ NEEDS_DOOR_CLASSES = re.compile(r"batchlens_door_")
 #: The routing plugin's series live on the LiteLLM proxy's /metrics, not the exporter's: tests/test_routing_proxy.py
 #: checks their rules against a real proxy.
 FROM_THE_ROUTER = re.compile(r"batchlens_routing_")
+#: Rules over the ranks of a data-parallel engine: an instance of one engine core has one rank, so no data. The
+#: promtool tests (alerts/tests) give them two.
+NEEDS_DATA_PARALLEL = re.compile(r"dp_rank")
 # Recording rules (level:metric:operation), and raw batchlens_* or vllm:* series.
 SERIES_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|batchlens_[a-z_0-9]+|vllm:[a-z_0-9]+")
 
@@ -68,7 +71,7 @@ def coverage(
     ``door_classes``: whether the instance has the plugin's per-class door counters (likewise).
     """
     selector = f'{{vllm_instance="{instance}"}}'
-    absent = NEEDS_OTHER_SOURCES.pattern
+    absent = NEEDS_OTHER_SOURCES.pattern + "|" + NEEDS_DATA_PARALLEL.pattern
     if series_of(release) < QUEUED_CAPS and not door_series:
         absent += "|" + NEEDS_QUEUED_CAPS.pattern
     if not door_classes:

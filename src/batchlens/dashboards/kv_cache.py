@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from batchlens.config import Thresholds
 from batchlens.dashboards.kit import SEL, dashboard, place, timeseries
+from batchlens.rules.alerts import STRAGGLER
 from batchlens.rules.recording import LEVEL
 
 BY = "cluster, vllm_instance"
@@ -55,6 +56,24 @@ def kv_cache(thresholds: Thresholds) -> dict:
             (
                 8,
                 [
+                    (timeseries("Data-parallel ranks: batch",
+                                (f"{LEVEL}_engine:vllm_num_requests_running:avg1m{{{SEL}}}",
+                                 "{{vllm_instance}} rank {{engine}}"),
+                                description="Each DP rank's running batch, side by side (vLLM's engine label is the "
+                                "rank). The ranks of a DP+EP deployment step in lock step: the largest sets every "
+                                "rank's step time."), 12),
+                    (timeseries("Data-parallel ranks: load against the mean",
+                                (f"{LEVEL}_engine:vllm_dp_rank_load:ratio1m{{{SEL}}}",
+                                 "{{vllm_instance}} rank {{engine}}"),
+                                threshold=STRAGGLER,
+                                description="Each rank's batch over its engine's mean. Past the line (for 10 "
+                                "minutes, at 8 requests or more) VllmDpRankStraggler fires. Empty for an engine of "
+                                "one rank."), 12),
+                ],
+            ),
+            (
+                8,
+                [
                     (timeseries("Queue time",
                                 (f"{LEVEL}:vllm_request_queue_time_seconds:p50_1m{{{SEL}}}", "{{vllm_instance}} P50"),
                                 (f"{LEVEL}:vllm_request_queue_time_seconds:p99_1m{{{SEL}}}", "{{vllm_instance}} P99"),
@@ -66,6 +85,7 @@ def kv_cache(thresholds: Thresholds) -> dict:
     return dashboard(
         "kv_cache",
         "KV cache and scheduler",
-        "KV blocks, the running batch against its limit, and the cost of a big batch: efficiency, preemptions.",
+        "KV blocks, the running batch against its limit, its data-parallel ranks side by side, and the cost of a big "
+        "batch: efficiency, preemptions.",
         panels,
     )

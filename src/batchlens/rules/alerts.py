@@ -7,6 +7,9 @@ from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, WHERE, slo_ratio_name
 
 BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
 SHED_SHARE = 0.05  # refused at the door past this share for 5 minutes: missing capacity, a page
+# A DP rank running this many times its engine's mean batch, at this batch or more (a few requests more on an
+# idle rank are noise, not a straggler), for 10 minutes.
+STRAGGLER, STRAGGLER_BATCH = 1.5, 8
 
 RUNBOOKS = "docs/runbooks"  # each alert has docs/runbooks/<AlertName>.md
 # An empty var-cluster (no cluster label) matches the series without one, as the label does in PromQL.
@@ -117,6 +120,17 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
             "{{ $labels.vllm_instance }} keeps preempting requests",
             '{{ $value | printf "%.2f" }} preemptions per second for 5 minutes: the KV cache is too small for '
             "the batch, and preempted requests recompute their prompts.",
+        ),
+        _alert(
+            links,
+            "VllmDpRankStraggler",
+            f"{LEVEL_ENGINE}:vllm_dp_rank_load:ratio1m > {STRAGGLER} and {LEVEL_ENGINE}:vllm_num_requests_running:avg1m"
+            f" >= {STRAGGLER_BATCH}",
+            "10m",
+            "warning",
+            "DP rank {{ $labels.engine }} of {{ $labels.vllm_instance }} carries more than its share of the batch",
+            'Rank {{ $labels.engine }} has run {{ $value | printf "%.1f" }}x its engine\'s mean batch for 10 '
+            "minutes. The ranks of a DP+EP deployment step in lock step: this one sets every rank's step time.",
         ),
         _alert(
             links,

@@ -121,6 +121,15 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         f"{LEVEL}:vllm_generation_tokens:rate1m / ({LEVEL}:vllm_num_requests_running:avg1m > 0)",
     )
     record(f"{LEVEL_ENGINE}:vllm_kv_cache_usage:ratio", either(*(f"max by ({BY_ENGINE}) ({m})" for m in KV_USAGE)))
+    # Data parallelism: vLLM's `engine` label is the DP rank. The ranks of a DP+EP deployment step in lock step,
+    # so the rank with the largest batch sets every rank's step time: each rank's batch over the mean of its
+    # engine's ranks, where there are two or more (a straggler reads above 1).
+    running = f"{LEVEL_ENGINE}:vllm_num_requests_running:avg1m"
+    record(running, f"sum by ({BY_ENGINE}) (avg_over_time(vllm:num_requests_running[1m]))")
+    record(
+        f"{LEVEL_ENGINE}:vllm_dp_rank_load:ratio1m",
+        f"({running} / on ({BY}) group_left avg by ({BY}) ({running})) and on ({BY}) (count by ({BY}) ({running}) > 1)",
+    )
     # GPU series carry vllm_instance and model_name once mapped to an engine: join on them, skip the unmapped.
     record(
         "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio",
