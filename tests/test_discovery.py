@@ -369,3 +369,23 @@ def test_a_network_policy_open_to_any_address_for_the_api_server_is_said_at_star
     assert said["['10.0.0.10/32']"] == said["None"] == ""
     with pytest.raises(ValidationError, match=r"10\.0\.0\.300/32"):
         Kubernetes(api_server_cidrs=["10.0.0.300/32"])
+
+
+def test_the_pods_of_one_leaderworkerset_group_are_the_servers_of_one_engine() -> None:
+    """llm-d's wide EP: one vLLM per rank, a LeaderWorkerSet per deployment; each replica (group) an engine."""
+    lws = {"app.kubernetes.io/name": "vllm", "leaderworkerset.sigs.k8s.io/name": "deepseek"}
+    pods = [
+        pod("deepseek-0", "10.1.0.10", labels={**lws, "leaderworkerset.sigs.k8s.io/group-index": "0"}),
+        pod("deepseek-0-1", "10.1.0.11", labels={**lws, "leaderworkerset.sigs.k8s.io/group-index": "0"}),
+        pod("deepseek-1", "10.1.0.12", labels={**lws, "leaderworkerset.sigs.k8s.io/group-index": "1"}),
+        pod("solo", "10.1.0.13"),
+    ]
+    engines, _ = engines_of([Pod.from_dict(p) for p in pods], Kubernetes(namespaces=["serving"]))
+    assert [(e.name, e.series_labels) for e in engines] == [
+        ("serving/deepseek-0", {"vllm_instance": "serving/deepseek-0", "server": "serving/deepseek-0"}),
+        ("serving/deepseek-0-1", {"vllm_instance": "serving/deepseek-0", "server": "serving/deepseek-0-1"}),
+        ("serving/deepseek-1", {"vllm_instance": "serving/deepseek-1", "server": "serving/deepseek-1"}),
+        ("serving/solo", {"vllm_instance": "serving/solo"}),
+    ]
+    off, _ = engines_of([Pod.from_dict(p) for p in pods], Kubernetes(namespaces=["serving"], deployment_label=""))
+    assert {e.instance for e in off} == {e.name for e in off}

@@ -481,3 +481,39 @@ def test_a_namespace_that_floods_fills_its_own_share_gets_503s_and_another_names
         assert "refused with 503, for Alertmanager to retry" in hook.process.log_path.read_text()
     finally:
         hook.stop()
+
+
+def test_the_servers_of_one_deployment_are_one_engine_to_the_breaker_and_the_controller(tmp_path, sim) -> None:
+    """vLLM's external balancer (one server per DP rank), here two simulators of deployment ``ds``: one alert of
+    ``ds`` halves both servers, the controller decides once a tick for ``ds``, and the exporter labels both
+    servers' series ``vllm_instance="ds"``, apart by ``server``."""
+    second = SimulatorProcess(tmp_path, speed=20, args=("--max-num-seqs", str(CAPACITY)))
+    servers = [{"name": "rank-0", "url": sim.url, "deployment": "ds"},
+               {"name": "rank-1", "url": second.url, "deployment": "ds"}]  # fmt: skip
+    config = {"engines": servers, "breaker": {"cooldown_seconds": 30},
+              "control": {"enabled": True, "interval_seconds": 0.5}}  # fmt: skip
+    hook = RemediateProcess(tmp_path, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token})
+    exporter_config = tmp_path / "exporter.json"
+    exporter_config.write_text(json.dumps({"engines": servers}))
+    exporter = ExporterProcess(tmp_path, [], extra_args=("--config", str(exporter_config)),
+                               env={"BATCHLENS_ADMIN_TOKEN": sim.token})  # fmt: skip
+    try:
+        assert set(hook.health()["engines"]) == {"ds"}
+        assert hook.post(notification(alert("ds")))[0] == 200
+        wait_limit(sim, 16)
+        wait_limit(second, 16)
+
+        def decisions() -> dict[str, float]:
+            found: dict[str, float] = {}
+            for key, n in pick(hook.samples(), "batchlens_controller_decisions_total").items():
+                found[dict(key)["vllm_instance"]] = found.get(dict(key)["vllm_instance"], 0) + n
+            return found
+
+        eventually(lambda: decisions().get("ds", 0) >= 4, "the controller deciding for the deployment")
+        assert set(decisions()) == {"ds"}
+        limits = eventually(lambda: pick(exporter.samples(), "batchlens_batch_limit") or None, "the exporter's limits")
+        assert {(dict(k)["vllm_instance"], dict(k)["server"]) for k in limits} == {("ds", "rank-0"), ("ds", "rank-1")}
+    finally:
+        exporter.stop()
+        hook.stop()
+        second.stop()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -166,10 +166,27 @@ class Engine(_Section):
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "fcfs", description="vLLM's --scheduling-policy; priority: the router gives each request its role's priority"
     )
+    deployment: str = Field(
+        "", pattern=r"^([A-Za-z0-9][A-Za-z0-9._/:-]{0,252})?$",
+        description="the data-parallel deployment this server is one rank or one node of (vLLM's external "
+        "balancer: one `vllm serve --data-parallel-rank R` per rank; hybrid: one per node): the servers of one "
+        "deployment are one engine, named after it, whose series, alerts and decisions are the deployment's",
+    )  # fmt: skip
     # A discovered engine's token, read from the Secret its own pod holds (discovery/kubernetes.py). Never a
     # field: a config file names where a token lives and never holds one, and repr and dumps leave it out.
     _admin_token: str | None = PrivateAttr(None)
     _admin_token_from: str = PrivateAttr("")
+
+    @property
+    def instance(self) -> str:
+        """The ``vllm_instance`` its series, alerts and decisions carry: its deployment's, or its own name."""
+        return self.deployment or self.name
+
+    @property
+    def series_labels(self) -> dict[str, str]:
+        """The labels that say which engine a series is of: ``vllm_instance``, and in a deployment of several
+        servers ``server`` (this one's name), so that two servers' series of one instance stay apart."""
+        return {"vllm_instance": self.instance, **({"server": self.name} if self.deployment else {})}
 
     def with_admin_token(self, token: str | None, source: str) -> Engine:
         """This engine with its token from ``source`` (what a log or a hint calls it), not from the environment."""
@@ -370,6 +387,12 @@ class SecretToFill(_Section):
     keys: list[str] = Field(min_length=1)
 
 
+#: LeaderWorkerSet's labels, which the multi-node vLLM deployments of llm-d and vLLM's own docs wear: the set's
+#: name, and which of its replicas (groups) a pod is of.
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+
+
 class Kubernetes(_Section):
     """Engine discovery on Kubernetes (docs/kubernetes.md): each vLLM pod is an engine named <namespace>/<pod>."""
 
@@ -381,6 +404,11 @@ class Kubernetes(_Section):
         default_factory=list, description="the namespaces whose pods may be engines (required with discover)"
     )
     port: int = Field(8000, ge=1, le=65535, description="vLLM's API port on the pod's IP")
+    deployment_label: str = Field(
+        LWS_NAME, description="the pod label whose value names a data-parallel deployment: the pods that wear the "
+        "same value (and LeaderWorkerSet group) are the servers of one engine, <namespace>/<value>[-<group>]; "
+        "empty: every pod is an engine of its own",
+    )  # fmt: skip
     admin_port: int | None = Field(
         None, ge=1, le=65535, description="the admin API's own port on the pod's IP (BATCHLENS_ADMIN_PORT); none: port"
     )
@@ -604,12 +632,23 @@ class Config(_Section):
             if engine.name in seen:
                 raise ValueError(f"engine name {engine.name!r} is used twice; each vllm_instance must be unique")
             seen.add(engine.name)
+        deployments = {e.deployment for e in self.engines if e.deployment}
+        if clash := deployments & {e.name for e in self.engines if not e.deployment}:
+            raise ValueError(f"deployment {sorted(clash)[0]!r} is also the name of an engine of no deployment")
         return self
 
     def token_envs(self) -> list[str]:
         """Names of the environment variables that hold secrets, in a stable order."""
         names = [e.admin_token_env for e in self.engines] + [self.remediate.webhook_token_env]
         return list(dict.fromkeys(names))
+
+
+def by_instance(engines: Sequence[Engine]) -> dict[str, list[Engine]]:
+    """The servers of each ``vllm_instance``: one engine's alone, or every server of a deployment, in order."""
+    groups: dict[str, list[Engine]] = {}
+    for engine in engines:
+        groups.setdefault(engine.instance, []).append(engine)
+    return groups
 
 
 def parse_engine_flag(value: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from batchlens.config import Config
+from batchlens.config import Config, by_instance
 from batchlens.control.admission import (
     CapDecision,
     Saturated,
@@ -37,7 +37,7 @@ from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
 from batchlens.goodput import Slo
-from batchlens.remediation.admin_client import AdminCallError, AdminClient
+from batchlens.remediation.admin_client import AdminCallError, AdminClient, DeploymentAdmin
 from batchlens.remediation.breaker import Door, EngineState
 from batchlens.remediation.store import Store
 
@@ -65,7 +65,7 @@ class Controller:
         self,
         config: Config,
         store: Store,
-        admins: Mapping[str, AdminClient],
+        admins: Mapping[str, AdminClient | DeploymentAdmin],
         on_decided: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ):
@@ -78,7 +78,10 @@ class Controller:
         self._http = HttpGetter()  # the exporter's GET: one pool of kept-alive connections to the engines
         self._admins = admins
         self._limit = config.exporter.max_response_bytes
-        self._urls = {e.name: e.url + "/metrics" for e in config.engines}
+        # Each engine's /metrics: one server's, or every server's of a deployment, judged as one engine.
+        self._urls = {
+            name: [s.url + "/metrics" for s in servers] for name, servers in by_instance(config.engines).items()
+        }
         saved = store.controls()
         self.states = {name: saved.get(name, Steering()) for name in self._urls}
         if not config.control.admission:  # a cap stored by an earlier run with the door on is no reference now
@@ -323,8 +326,11 @@ class Controller:
                         self.control.interval_seconds)  # fmt: skip
             self._failing[name] = why
 
-    async def _fetch(self, name: str) -> str:
-        return await self._http.text(self._urls[name], timeout=self.control.timeout_seconds, limit=self._limit)
+    async def _fetch(self, name: str) -> list[str]:
+        """The engine's /metrics, from each of its servers: a deployment is steered on all of them, or none."""
+        get = self._http.text
+        return list(await asyncio.gather(*(get(url, timeout=self.control.timeout_seconds, limit=self._limit)
+                                           for url in self._urls[name])))  # fmt: skip
 
     def _remember(self, name: str, sample: EngineSample) -> Window | None:
         """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
 from batchlens.exporter.parser import ExpositionReader
@@ -93,12 +93,14 @@ class EngineSample:
     rejected: float = 0.0  # requests refused at the door by a queued cap
 
 
-def read_sample(text: str, time: float) -> EngineSample:
-    """An engine's /metrics text -> one sample, every engine core summed (KV usage: the fullest core)."""
+def read_sample(text: str | Sequence[str], time: float) -> EngineSample:
+    """An engine's /metrics text -> one sample, every engine core summed (KV usage: the fullest core). Several
+    texts: the servers of one deployment (one per DP rank or node), summed as the cores of one server are."""
     values: dict[str, list[float]] = defaultdict(list)
     buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     sums: dict[str, float] = defaultdict(float)
-    for family in ExpositionReader().parse(text):
+    families = [f for t in ([text] if isinstance(text, str) else text) for f in ExpositionReader().parse(t)]
+    for family in families:
         for series, value, _ in family.samples:
             if series.name.endswith("_bucket"):
                 le = dict(series.labels).get("le")

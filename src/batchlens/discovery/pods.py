@@ -9,7 +9,8 @@ nothing, not even a scrape, and is counted.
 
 An engine is a running pod with an IP, named ``<namespace>/<pod>`` (the ``vllm_instance``
 label), reached on its IP at the configured port, and labelled with its ``namespace``
-and ``pod`` too. The rest is counted by reason, never dropped in silence.
+and ``pod`` too. The rest is counted by reason, never dropped in silence. Pods of one data-parallel
+deployment (a LeaderWorkerSet's, by default) are the servers of one engine: ``deployment`` names it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from batchlens.admin_api import TOKEN_ENV
-from batchlens.config import Engine, Kubernetes
+from batchlens.config import LWS_GROUP, Engine, Kubernetes
 
 
 def holds_admin_token(pod, settings: Kubernetes) -> bool:
@@ -29,6 +30,16 @@ def holds_admin_token(pod, settings: Kubernetes) -> bool:
             if ref is not None and ref.name == settings.admin_token_secret and ref.key == settings.admin_token_key:
                 return True
     return False
+
+
+def deployment_of(meta, settings: Kubernetes) -> str:
+    """The data-parallel deployment a pod is a server of (``kubernetes.deployment_label``), or "": none."""
+    labels = meta.labels or {}
+    name = labels.get(settings.deployment_label, "") if settings.deployment_label else ""
+    if not name:
+        return ""
+    group = labels.get(LWS_GROUP, "")
+    return f"{meta.namespace}/{name}" + (f"-{group}" if group else "")
 
 
 def engines_of(pods: Iterable, settings: Kubernetes) -> tuple[list[Engine], Counter[str]]:
@@ -57,6 +68,7 @@ def engines_of(pods: Iterable, settings: Kubernetes) -> tuple[list[Engine], Coun
                     admin_auth=settings.admin_auth,
                     pod=f"{meta.namespace}/{meta.name}",
                     labels={"namespace": meta.namespace, "pod": meta.name},
+                    deployment=deployment_of(meta, settings),
                 )
             )
     return sorted(engines, key=lambda e: e.name), skipped

@@ -59,6 +59,7 @@ class HostSource:
     def __init__(self, engines: Sequence[Engine], executor: Executor | None = None):
         self._executor = executor
         self._servers = ServerPids(engines, "host")
+        self._labels = {e.name: e.series_labels for e in engines}
         psutil.cpu_percent(interval=None)  # primes the counter: the next call covers one interval
 
     async def sample(self) -> Reading:
@@ -88,24 +89,23 @@ class HostSource:
             ),
         ]
         trees = {name: tree for name, pid in self._servers.resolve().items() if (tree := process_tree(pid))}
-        metrics += _engine_process_metrics(trees)
+        metrics += _engine_process_metrics({name: (self._labels[name], tree) for name, tree in trees.items()})
         return Reading(metrics=tuple(metrics))
 
 
-def _engine_process_metrics(trees: dict[str, ProcessTree]) -> list[Metric]:
+def _engine_process_metrics(trees: dict[str, tuple[dict[str, str], ProcessTree]]) -> list[Metric]:
+    """Each local server's process tree, labelled as its engine's series are (Engine.series_labels)."""
     if not trees:
         return []
 
     def per_engine(attr: str) -> list[tuple[dict[str, str], float]]:
-        return [
-            ({"vllm_instance": name}, getattr(t, attr)) for name, t in trees.items() if getattr(t, attr) is not None
-        ]
+        return [(labels, getattr(t, attr)) for labels, t in trees.values() if getattr(t, attr) is not None]
 
     return [
         fam.gauge(
             "batchlens_engine_process_info",
             "The engine's server process on this host (pid label), always 1.",
-            [({"vllm_instance": name, "pid": str(t.pid)}, 1) for name, t in trees.items()],
+            [({**labels, "pid": str(t.pid)}, 1) for labels, t in trees.values()],
         ),
         fam.gauge(
             "batchlens_engine_processes", "Processes in the engine's server process tree.", per_engine("processes")

@@ -265,6 +265,8 @@ class NvmlSource:
         self._executor = executor
         self._models = models
         self._static = static_mapping(engines)
+        # The servers of a deployment are its instance on the GPU series, as on their own (Engine.instance).
+        self._instances = {e.name: e.instance for e in engines}
         configured = frozenset(e.name for e in engines)
         self._names = names or (lambda: configured)
         self._pod_resources = pod_resources
@@ -322,13 +324,16 @@ class NvmlSource:
         own, ranks = self._process_engines(processes)
         pods = self._holders(devices)
         pod_engines = {d: engine for d, refs in (pods or {}).items() if (engine := next(self._engines_of(refs), None))}
+        instance = self._instances.get
+        engines = assign_engines(devices, processes, own, self._static, pod_engines)
+        owners = process_owners(processes, own, devices, self._static)
         metrics = gpu_families(
             readings,
             down,
-            assign_engines(devices, processes, own, self._static, pod_engines),
+            {device: instance(name, name) for device, name in engines.items()},
             models,
             processes,
-            process_owners(processes, own, devices, self._static),
+            {pid: instance(name, name) for pid, name in owners.items()},
             pods=pods,
             ranks=device_ranks(devices, processes, ranks),
         )

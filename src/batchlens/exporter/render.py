@@ -141,7 +141,7 @@ def engine_roles(engines: Iterable[Engine]) -> tuple[Metric, ...]:
     As kube-state-metrics labels pods: rules join on ``vllm_instance`` to select a role's engines, while the
     engines' own series keep their labels. From the config, so an engine that is down keeps its roles.
     """
-    samples = [({"vllm_instance": e.name, **e.labels, "role": role}, 1) for e in engines for role in e.role]
+    samples = [({**e.series_labels, **e.labels, "role": role}, 1) for e in engines for role in e.role]
     if not samples:
         return ()
     return (fam.gauge("batchlens_engine_role", "1 for each role the router gives the engine (docs/routing.md).",

@@ -94,7 +94,7 @@ class Exporter:
         sources: list[Source] = [self._vllm_source(engine) for engine in self.config.engines]
 
         def models() -> dict[str, str]:
-            return {name: e.model_name for name, e in self._engines.items()}
+            return {e.engine.instance: e.model_name for e in self._engines.values() if e.model_name}
 
         sources += [
             SimulatedGpuSource(engine, self._http, timeout=self.config.exporter.timeout_seconds, models=models)

@@ -49,7 +49,7 @@ class VllmSource:
         environ: Mapping[str, str],
     ):
         self.engine = engine
-        self.labels = (("vllm_instance", engine.name), *sorted(engine.labels.items()))
+        self.labels = (*engine.series_labels.items(), *sorted(engine.labels.items()))
         self._base = dict(self.labels)
         self._http = http
         self._executor = executor

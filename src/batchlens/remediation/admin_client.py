@@ -8,7 +8,10 @@ never logged.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,9 +22,11 @@ from batchlens.admin_api import (
     ADMISSION_PATH,
     BATCH_PATH,
     CACHE_RESET_PATH,
+    AdminError,
     AdmissionState,
     BatchState,
     CacheReset,
+    combine,
     missing_plugin,
 )
 from batchlens.admin_auth import SIGNED_401_HINT, UNAVAILABLE_HINT, admin_headers
@@ -109,3 +114,68 @@ class AdminClient:
             # own Secret must not end the hook's worker for every tenant); its message is not repeated, it may quote it
             raise AdminCallError("invalid_request", f"{method} {shown}: not sent: a header or the URL is not valid "
                                  "HTTP (a token with a newline or a control character in it?)") from None  # fmt: skip
+
+
+class DeploymentAdmin:
+    """The admin API of a deployment of several servers (vLLM's external balancer: one ``vllm serve`` per DP
+    rank; hybrid: one per node), as one engine: every call goes to every server, at once, and the answers are
+    combined as one server combines its engine cores. A change that fails on one server fails (the hook
+    retries it on all: a PUT of a limit or a cap is idempotent).
+
+    The queued caps are per server there (each rank has its own API servers and prefill): the deployment's cap is
+    split evenly, as the balancer splits the requests, and read back as the servers' sum.
+    """
+
+    def __init__(self, clients: Sequence[AdminClient]):
+        self._clients = tuple(clients)
+        self.url = clients[0].url
+
+    async def _all(self, call: Callable[[AdminClient], Awaitable[Reply]]) -> list[Reply]:
+        return list(await asyncio.gather(*(call(client) for client in self._clients)))
+
+    async def get(self) -> BatchState:
+        return _one_state(await self._all(lambda c: c.get()))
+
+    async def put(self, limit: int) -> BatchState:
+        return _one_state(await self._all(lambda c: c.put(limit)))
+
+    async def admission(self) -> AdmissionState:
+        return _one_door(await self._all(lambda c: c.admission()))
+
+    async def set_admission(self, **caps: int | float | None) -> AdmissionState:
+        n = len(self._clients)
+        share = {
+            name: None if cap is None else cap / n if name == "prefill_tokens_per_second" else math.ceil(cap / n)
+            for name, cap in caps.items()
+        }
+        return _one_door(await self._all(lambda c: c.set_admission(**share)))
+
+    async def reset_prefix_cache(self) -> CacheReset:
+        return CacheReset(reset=all(r.reset for r in await self._all(lambda c: c.reset_prefix_cache())))
+
+
+def _one_state(states: Sequence[BatchState]) -> BatchState:
+    """The servers' engine cores as one server's (their ranks are global: ``engine`` stays unique)."""
+    try:
+        return combine([e.model_dump() for state in states for e in state.engines])
+    except AdminError as exc:  # a server that lists no engine core
+        raise AdminCallError("invalid_reply", f"the deployment's servers: {exc}") from None
+
+
+def _one_door(doors: Sequence[AdmissionState]) -> AdmissionState:
+    """The servers' doors as one: each cap the sum of the servers' (None where one has none), the counts summed."""
+
+    def total(name: str) -> int | float | None:
+        caps = [getattr(d, name) for d in doors]
+        return None if any(c is None for c in caps) else sum(caps)
+
+    offsets = [sum(d.api_servers for d in doors[:i]) for i in range(len(doors))]
+    return AdmissionState(
+        max_num_queued_tokens=total("max_num_queued_tokens"),
+        max_num_queued_reqs=total("max_num_queued_reqs"),
+        num_queued_tokens=sum(d.num_queued_tokens for d in doors),
+        num_unfinished_reqs=sum(d.num_unfinished_reqs for d in doors),
+        prefill_tokens_per_second=total("prefill_tokens_per_second"),
+        api_servers=sum(d.api_servers for d in doors),
+        api_servers_behind=[offset + i for offset, d in zip(offsets, doors, strict=True) for i in d.api_servers_behind],
+    )

@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
-from batchlens.config import Config, Engine
+from batchlens.config import Config, Engine, by_instance
 from batchlens.control.live import Controller
 from batchlens.prometheus_api import PrometheusError
-from batchlens.remediation.admin_client import AdminCallError, AdminClient
+from batchlens.remediation.admin_client import AdminCallError, AdminClient, DeploymentAdmin
 from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
 from batchlens.remediation.breaker import (
     Decision,
@@ -108,9 +108,11 @@ class Remediator:
         self.alertmanager = alertmanager
         self._environ = environ
         self._session = session
-        # Per engine, configured or discovered: joined by _join, left by engines_found.
+        # Per engine, configured or discovered: joined by _join, left by engines_found. An engine is its
+        # vllm_instance: one server, or every server of a deployment (its first in `engines`, all in `servers`).
         self.engines: dict[str, Engine] = {}
-        self.admins: dict[str, AdminClient] = {}
+        self.servers: dict[str, tuple[Engine, ...]] = {}
+        self.admins: dict[str, AdminClient | DeploymentAdmin] = {}
         self.states: dict[str, EngineState] = {}
         self._apply_backoff: dict[str, Backoff] = {}
         self._observe_backoff: dict[str, Backoff] = {}
@@ -120,8 +122,8 @@ class Remediator:
         self._joined: dict[str, float] = {}  # when each engine joined: its breaker's silence counts from there
         self._rejoining: set[str] = set()  # pods recreated under their names, between leaving and joining again
         saved = store.states()
-        for engine in config.engines:
-            self._join(engine, saved)
+        for servers in by_instance(config.engines).values():
+            self._join(servers, saved)
         self._configured = frozenset(self.engines)
         self.actions: Counter[tuple[str, str, str]] = Counter()  # (instance, action, result)
         self.deliveries: Counter[str] = Counter()  # outcome
@@ -177,16 +179,16 @@ class Remediator:
 
         A pod that comes back under its name (a StatefulSet's) finds its strikes and limits where it left them.
         """
-        wanted = {e.name: e for e in engines if e.name not in self._configured}
+        wanted = {name: tuple(s) for name, s in by_instance(engines).items() if name not in self._configured}
         # A pod recreated under its name (a StatefulSet's) has a new IP, and its old IP may be another pod's
         # by now: it rejoins at its new address, with its token, before anything is sent to it.
-        moved = {name for name, e in wanted.items() if name in self.engines and self.engines[name] != e}
+        moved = {name for name, s in wanted.items() if name in self.servers and self.servers[name] != s}
         self._rejoining |= moved  # gone for the await below only: a step then must not drop their deliveries
         for name in (self.engines.keys() - self._configured - wanted.keys()) | moved:
             if (task := self._passes.pop(name, None)) is not None:
                 task.cancel()  # nothing more is sent to the address it had
-            for table in (self.engines, self.admins, self.states, self._apply_backoff, self._observe_backoff,
-                          self._confirm_backoff, self._joined):  # fmt: skip
+            for table in (self.engines, self.servers, self.admins, self.states, self._apply_backoff,
+                          self._observe_backoff, self._confirm_backoff, self._joined):  # fmt: skip
                 table.pop(name, None)
             if name not in moved:
                 log.info("%s: the pod is gone; its breaker state stays saved", name)
@@ -194,29 +196,35 @@ class Remediator:
             saved = await self.store.run(self.store.states)
             for name in wanted.keys() - self.engines.keys():
                 self._join(wanted[name], saved)
-                log.info("%s: found at %s (breaker %s)", name, wanted[name].url, self.states[name].mode)
+                log.info("%s: found at %s (breaker %s)", name, ", ".join(s.url for s in wanted[name]),
+                         self.states[name].mode)  # fmt: skip
         finally:
             self._rejoining -= moved
 
-    def _join(self, engine: Engine, saved: Mapping[str, EngineState]) -> None:
-        """Steer ``engine`` from now on, from its saved state if it has one."""
-        name = engine.name
-        self.engines[name] = engine
+    def _join(self, servers: Sequence[Engine], saved: Mapping[str, EngineState]) -> None:
+        """Steer the engine of ``servers`` (one, or a deployment's) from now on, from its saved state if it has one."""
+        engine = servers[0]
+        name = engine.instance
+        self.engines[name], self.servers[name] = engine, tuple(servers)
         self._joined[name] = self.clock()
-        token = engine.admin_token(self._environ)
-        # Said here once: every call's 401 would only say the token does not match. (A discovered pod's token comes
-        # from its namespace's Secret, which discovery reads again, and warns of, by itself.)
-        if token is None and engine.admin_token_from_environment:
-            log.error("%s: %s is not set: its admin API will refuse every call (401) until the hook is started "
-                      "with it", name, engine.admin_token_source)  # fmt: skip
-        self.admins[name] = AdminClient(self._session, engine.admin_url, token, signed=engine.admin_auth == "signed",
-                                        pod=engine.pod)  # fmt: skip
+        clients = [self._admin_client(server) for server in servers]
+        self.admins[name] = clients[0] if len(clients) == 1 else DeploymentAdmin(clients)
         state = saved.get(name, EngineState())
         self.states[name] = without_future_times(state, now=self.clock(), skew=MAX_FUTURE_SECONDS)
         if self.states[name] != state:  # saved by a release that took any startsAt (issue 30)
             log.warning("%s: its saved state held an alert time in the future; dropped, so alerts act again", name)
         for backoffs in (self._apply_backoff, self._observe_backoff, self._confirm_backoff):
             backoffs[name] = Backoff()
+
+    def _admin_client(self, server: Engine) -> AdminClient:
+        token = server.admin_token(self._environ)
+        # Said here once: every call's 401 would only say the token does not match. (A discovered pod's token comes
+        # from its namespace's Secret, which discovery reads again, and warns of, by itself.)
+        if token is None and server.admin_token_from_environment:
+            log.error("%s: %s is not set: its admin API will refuse every call (401) until the hook is started "
+                      "with it", server.name, server.admin_token_source)  # fmt: skip
+        return AdminClient(self._session, server.admin_url, token, signed=server.admin_auth == "signed",
+                           pod=server.pod)  # fmt: skip
 
     # --- the worker ------------------------------------------------------------------------------------
 
