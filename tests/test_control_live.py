@@ -551,3 +551,44 @@ def test_while_the_breaker_recovers_the_controller_steers_under_its_ceiling(
     assert c.wanted("a", breakers["recovering"], time.time()) == 38, "the breaker's limit is its ceiling"
     assert c.wanted("a", breakers["tripped"], time.time()) == 27
     assert c.wanted("a", EngineState(), time.time()) == 45
+
+
+def test_the_hook_says_once_which_api_servers_lack_the_caps_and_a_deployment_numbers_them_over_its_servers(
+    tmp_path, caplog
+) -> None:
+    """The admin API's answer is the boundary here (a stand-in): a real vLLM cannot be started with one API server
+    process of N without the plugin. What the plugin answers then is tests/test_siblings.py's."""
+    from batchlens.admin_api import AdmissionState
+    from batchlens.remediation.admin_client import _one_door
+
+    door = AdmissionState(num_queued_tokens=10, num_unfinished_reqs=1, api_servers=4, api_servers_behind=[3])
+
+    class Answers:
+        def __init__(self) -> None:
+            self.behind = [3]
+
+        async def admission(self) -> AdmissionState:
+            return door.model_copy(update={"api_servers_behind": self.behind})
+
+    config = Config.model_validate({"engines": [{"name": "dp8", "url": "http://127.0.0.1:9"}],
+                                    "control": {"enabled": True, "admission": True}})  # fmt: skip
+    controller = Controller(config, Store(tmp_path / "s.db"), admins={"dp8": Answers()})
+    answers = controller._admins["dp8"]
+
+    async def ticks(n: int) -> None:
+        for _ in range(n):
+            await controller._door_tick("dp8", None, time.time())
+
+    with caplog.at_level(logging.WARNING, "batchlens"):
+        asyncio.run(ticks(3))
+        answers.behind = []
+        asyncio.run(ticks(1))
+        answers.behind = [3]
+        asyncio.run(ticks(1))
+    said = [r.getMessage() for r in caplog.records if "do not have the door's caps" in r.getMessage()]
+    assert len(said) == 2 and "[3] of 4" in said[0] and "VLLM_PLUGINS=batchlens" in said[0], said
+    # Two servers of one deployment, each with its API servers: one door, the second's numbered after the first's.
+    both = _one_door([door.model_copy(update={"max_num_queued_tokens": 500}),
+                      door.model_copy(update={"max_num_queued_tokens": 700, "api_servers_behind": [0]})])  # fmt: skip
+    assert (both.max_num_queued_tokens, both.num_queued_tokens, both.api_servers) == (1200, 20, 8)
+    assert both.api_servers_behind == [3, 4]
