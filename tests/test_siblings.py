@@ -13,7 +13,16 @@ import pytest
 
 from batchlens.admin_api import AdmissionState
 from batchlens.queued_caps import refusal
-from batchlens.vllm_plugin.siblings import STALE_NS, Caps, SiblingTable, open_table, private_table, size, table_path
+from batchlens.vllm_plugin.siblings import (
+    NONCES,
+    STALE_NS,
+    Caps,
+    SiblingTable,
+    open_table,
+    private_table,
+    size,
+    table_path,
+)
 
 NONE = Caps(0, None, None, None)
 
@@ -133,3 +142,20 @@ def test_the_token_cap_is_the_whole_servers_on_any_number_of_api_servers(servers
             table.publish(own[table.index], 0, 0, STALE_NS)
             admitted += 1
     assert admitted == 3
+
+
+def test_a_signed_call_taken_by_one_sibling_is_a_replay_to_every_other(tmp_path: Path) -> None:
+    first = open_table(0, 2, parent_pid=os.getpid(), directory=str(tmp_path))
+    second = open_table(1, 2, parent_pid=os.getpid(), directory=str(tmp_path))
+    assert first.remember("ab" * 16, until=1_000, now=900.0) is None
+    assert second.remember("ab" * 16, until=1_000, now=950.0) == "replay"
+    assert second.remember("cd" * 16, until=1_000, now=950.0) is None
+    assert first.remember("ab" * 16, until=2_000, now=1_001.0) is None  # its time past: forgotten, as it may be
+
+
+def test_past_its_bound_the_shared_memory_of_signed_calls_refuses_rather_than_forgets() -> None:
+    table = private_table(0, 2)
+    for n in range(NONCES):
+        assert table.remember(f"{n:032x}", until=10_000, now=1.0) is None
+    assert table.remember("ff" * 16, until=10_000, now=1.0) == "full"
+    assert table.remember(f"{0:032x}", until=10_000, now=1.0) == "replay"  # still remembered, never dropped

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, TOKEN_ENV
+from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, INFO_PATH, TOKEN_ENV
 from batchlens.vllm_plugin.admin_port import PORT_ENV
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, set_caps
 from harness.exporter import one, parse_samples
@@ -155,6 +155,8 @@ def test_with_an_admin_port_one_api_server_serves_it_and_its_caps_hold_in_all(
     server = start(tmp_path_factory, {**vllm_plugin_env, PORT_ENV: str(port)}, "--api-server-count", "2")
     try:
         admin = AdminClient(f"http://127.0.0.1:{port}", server.admin_token)
+        # vLLM's /health can answer (from API server 1) before API server 0 has opened the admin port.
+        server.process.wait_http(admin.url + INFO_PATH, timeout=60)
         assert http_get(server.url + BATCH_PATH)[0] == 404  # vLLM's port, on either process
         reply = set_caps(admin, max_num_queued_reqs=2)
         assert (reply["api_servers"], reply["api_servers_behind"]) == (2, []), reply

@@ -16,7 +16,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,21 +114,30 @@ def admin_headers(token: str | None, method: str, path: str, body: bytes = b"", 
     return {"Authorization": f"{SIGNED_SCHEME} t={stamp},n={nonce}{named},s={signature}"}
 
 
+_REPLAY = "this signed request was already taken once (a replay)"
+
+
 class AdminAuth:
     """The server's check of an admin call: a signature (each taken once) or a bearer token.
 
     ``pod``: the pod this server runs in (:func:`own_pod`); a signature for another pod is refused. None (a
     test's fake engine) takes any. The server remembers each signature it took until its time is past the
-    skew, so a call that reached the wrong address and was passed on is refused. A restart forgets them, and so
-    does each API server process its own. At most ``max_remembered`` at once: past that a call is refused
-    (503) rather than one forgotten early (only a holder of the token can make one it remembers).
+    skew, so a call that reached the wrong address and was passed on is refused. A restart forgets them; the API
+    server processes of one vLLM server share them (``shared``). At most ``max_remembered`` at once: past that a
+    call is refused (503) rather than one forgotten early (only a holder of the token can make one it remembers).
     """
 
-    def __init__(self, token: str | None, *, pod: PodIdentity | None = None, max_remembered: int = 65536):
+    def __init__(
+        self, token: str | None, *, pod: PodIdentity | None = None, max_remembered: int = 65536,
+        shared: Callable[[str, int, float], str | None] | None = None,
+    ):  # fmt: skip
+        """``shared``: where the signatures taken are remembered when several processes serve one server (vLLM's
+        API servers: vllm_plugin/siblings.py); it answers None (taken), "replay" or "full"."""
         self.token, self.pod = token or None, pod
         self._seen: OrderedDict[str, int] = OrderedDict()  # nonce -> when it may be forgotten, in arrival order
         self._max = max_remembered
         self._latest = -math.inf
+        self._shared = shared
 
     def check(self, authorization: str | None, method: str, path: str, body: bytes = b"", *,
               now: float | None = None) -> None:  # fmt: skip
@@ -174,10 +183,17 @@ class AdminAuth:
         self._remember(parts["n"], int(parts["t"]) + SIGNATURE_MAX_SKEW_SECONDS, now)
 
     def _remember(self, nonce: str, until: int, now: float) -> None:
+        if self._shared is not None:
+            refused = self._shared(nonce, until, now)
+            if refused == "replay":
+                raise AdminError(401, _REPLAY)
+            if refused is not None:
+                raise AdminError(503, f"too many signed calls within {SIGNATURE_MAX_SKEW_SECONDS} s: try again later")
+            return
         while self._seen and next(iter(self._seen.values())) < now:
             self._seen.popitem(last=False)
         if nonce in self._seen:
-            raise AdminError(401, "this signed request was already taken once (a replay)")
+            raise AdminError(401, _REPLAY)
         if len(self._seen) >= self._max:  # arrival order is not expiry order (clocks differ): look at them all
             self._seen = OrderedDict((n, at) for n, at in self._seen.items() if at >= now)
             if len(self._seen) >= self._max:

@@ -67,7 +67,10 @@ class AdminService:
         self, engine_client: Any, token: str | None, support: Support, pod: PodIdentity,
         siblings: SiblingTable | None = None,
     ):  # fmt: skip
-        self.auth = AdminAuth(token, pod=pod)
+        #: The caps and counts this API server shares with its siblings (siblings.py); its own alone if none.
+        self.siblings = siblings or private_table()
+        # A signed call taken by any sibling is a replay to the others: a captured PUT may land on any of them.
+        self.auth = AdminAuth(token, pod=pod, shared=self.siblings.remember if self.siblings.count > 1 else None)
         self._client = engine_client
         self._support = support
         # Without it (and the siblings' lock, for the other API servers), two PUTs could reach the engines of
@@ -76,8 +79,6 @@ class AdminService:
         self._prefill_rate: float | None = None  # the controller's estimate, for a refusal's Retry-After
         doors = {VLLM_DOOR: VllmDoor, PLUGIN_DOOR: PluginDoor}
         self._door = doors[support.door](engine_client) if engine_client is not None and support.door else None
-        #: The caps and counts this API server shares with its siblings (siblings.py); its own alone if none.
-        self.siblings = siblings or private_table()
         self._applied = 0  # the generation of the shared caps this process has in force
         if self._door is not None and self.siblings.count > 1:
             self._door.count_server_wide(lambda: self.siblings.totals(*self._door.counts(), time.monotonic_ns()))

@@ -16,7 +16,9 @@ per server in shared memory, which every sibling maps (docs/vllm-plugin.md, "Sev
   processes' counts are at most one tick old: like vLLM's own shared request count, a cap is exact to
   within the requests that arrive in the same instant on different processes;
 - **the last arrival** (CLOCK_MONOTONIC is one clock for every process of a host), so that the
-  inter-arrival gaps are the server's, not each process's share of them.
+  inter-arrival gaps are the server's, not each process's share of them;
+- **the signed calls taken** (their nonces, until their time is past), so that a signed call taken by one
+  API server is a replay to every other: a captured PUT sent again lands on any of them.
 
 Why shared memory and not a call between the siblings: vLLM does the same for its request count
 (``SharedAdmissionStats``), it costs a few loads per request on vLLM's serving path, and it has no
@@ -32,10 +34,11 @@ import asyncio
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import mmap
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +50,9 @@ _PID, _QUEUED_TOKENS, _UNFINISHED, _APPLIED, _BEAT = range(5)
 #: A sibling whose last tick is older than this is counted as gone: its counts no longer add to the totals.
 STALE_NS = 5_000_000_000
 LOCK_POLL_SECONDS = 0.005
+#: Signed calls remembered at once, over every sibling (each a nonce and when it may be forgotten). Past that
+#: a call is refused (503) rather than one forgotten early, as one API server refuses past its own bound.
+NONCES = 4096
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class SiblingTable:
         self, buffer: memoryview, index: int, count: int,
         try_lock: Callable[[], bool] = lambda: True, unlock: Callable[[], None] = lambda: None,
         where: str = "this process's memory",
+        nonce_lock: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ):  # fmt: skip
         if not 0 <= index < count:
             raise ValueError(f"API server index {index} is not in 0..{count - 1}")
@@ -91,6 +98,8 @@ class SiblingTable:
         self.count = count
         self._try_lock, self._unlock = try_lock, unlock
         self.where = where  # for the log: the shared file's path
+        self._nonce_lock = nonce_lock  # held for the few microseconds of one check, never across an await
+        self._nonces = SLOT * (1 + count)  # where the remembered nonces start: pairs of (key, until)
         self._own = SLOT * (1 + index)
         if self.values[_MAGIC] not in (0, MAGIC):
             raise ValueError("the shared table holds something else than batchlens' caps")
@@ -165,6 +174,24 @@ class SiblingTable:
             if not self._alive(index, now_ns) or self.values[SLOT * (1 + index) + _APPLIED] < generation
         ]
 
+    def remember(self, nonce: str, until: int, now: float) -> str | None:
+        """Take a signed call's ``nonce`` until ``until`` (unix seconds): None, taken; "replay" where a sibling (or
+        this process) took it already; "full" where NONCES calls are remembered at once."""
+        key = int(hashlib.sha256(nonce.encode()).hexdigest()[:15], 16) | 1  # 0 marks a free entry
+        with self._nonce_lock():
+            free = None
+            for entry in range(self._nonces, self._nonces + 2 * NONCES, 2):
+                taken_until = self.values[entry + 1]
+                if taken_until >= now:
+                    if self.values[entry] == key:
+                        return "replay"
+                elif free is None:
+                    free = entry  # never used, or its time is past
+            if free is None:
+                return "full"
+            self.values[free], self.values[free + 1] = key, until
+        return None
+
     def swap_last_arrival(self, now_ns: int) -> int | None:
         """Record an arrival at ``now_ns``; the one before it on any sibling (None: the first). Lock-free: two
         arrivals in the same microsecond on two processes may both measure from the same one before."""
@@ -174,8 +201,8 @@ class SiblingTable:
 
 
 def size(count: int) -> int:
-    """The table's bytes for ``count`` API servers: a header slot and one slot each."""
-    return 8 * SLOT * (1 + count)
+    """The table's bytes for ``count`` API servers: a header slot, one slot each, and the nonces taken."""
+    return 8 * SLOT * (1 + count) + 16 * NONCES
 
 
 def private_table(index: int = 0, count: int = 1) -> SiblingTable:
@@ -224,9 +251,20 @@ def open_table(index: int, count: int, parent_pid: int | None = None, directory:
             return False
         return True
 
+    @contextlib.contextmanager
+    def nonce_lock() -> Iterator[None]:
+        # A record lock on the nonces alone: apart from flock's lock above (Linux keeps the two apart), which a
+        # sibling may hold across the engine cores' answers.
+        fcntl.lockf(fd, fcntl.LOCK_EX, 16 * NONCES, size(count) - 16 * NONCES)
+        try:
+            yield
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 16 * NONCES, size(count) - 16 * NONCES)
+
     if index == 0:
         atexit.register(_remove, path)
-    return SiblingTable(memoryview(mapped), index, count, try_lock, lambda: fcntl.flock(fd, fcntl.LOCK_UN), str(path))
+    unlock = lambda: fcntl.flock(fd, fcntl.LOCK_UN)  # noqa: E731 (one line, beside its twin)
+    return SiblingTable(memoryview(mapped), index, count, try_lock, unlock, str(path), nonce_lock)
 
 
 def _remove(path: Path) -> None:
