@@ -15,7 +15,7 @@ scenario is tests/harness/control_vllm.py's:
    admitted requests' TTFT. Both knobs as shipped against the limit alone: with the door on, the limit law
    also regrows faster after a fall (control/law.py, ``door``), since a backlog is shed.
 
-tests/test_control_vllm.py asserts, in make test, that the controller moves the limit at all.
+tests/test_vllm_api_servers.py asserts, in make test, that the controller moves the limit at all.
 """
 
 from __future__ import annotations

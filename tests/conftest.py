@@ -15,7 +15,6 @@ from harness.shared import once_per_run, run_folder
 from harness.upstreams import Upstreams
 from harness.vllm import (
     ADMIN_TOKEN,
-    DP_SLOTS,
     RELEASE_CAPTURES,
     VllmServer,
     install_plugin,
@@ -39,13 +38,20 @@ def release_capture(request: pytest.FixtureRequest) -> Path:
     return request.param
 
 
+#: The modules that start data-parallel servers (`vllm serve --data-parallel-size 2`, a head and a headless rank):
+#: a second group, so that they start and serve beside the first group's, on another worker.
+DATA_PARALLEL_MODULES = frozenset({"test_vllm_api_servers.py", "test_vllm_headless.py"})
+VLLM_GROUPS = ("vllm", "vllm_dp")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that starts a real vLLM runs on one xdist worker, one after another (make test: --dist
-    loadgroup): each vLLM takes 30% of the RAM and busy-polls a core, so two at once would starve the rest."""
+    """The tests that start a real vLLM run on two xdist workers, one after another on each (make test: --dist
+    loadgroup): three vLLMs at once ran this machine out of memory, and each busies a core while it serves."""
     for item in items:
         if item.get_closest_marker("vllm"):
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+            group = VLLM_GROUPS[1] if item.path.name in DATA_PARALLEL_MODULES else VLLM_GROUPS[0]
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +59,7 @@ def _vllm_tests_grouped(request: pytest.FixtureRequest) -> None:
     """Under --dist loadgroup, xdist tells its scheduler a test's group in the test's id: without it the vLLM
     tests spread over the workers, and three vLLMs at once ran this machine out of memory. Fail each loudly
     (pytest 9.2 dropped the group in silence: pytest-dev/pytest-xdist#1386)."""
-    grouped = request.node.nodeid.endswith("@vllm")
+    grouped = request.node.nodeid.rpartition("@")[2] in VLLM_GROUPS
     if getattr(request.config.option, "loadgroup", False) and request.node.get_closest_marker("vllm") and not grouped:
         pytest.fail(
             "--dist loadgroup does not group the vLLM tests: this pytest and pytest-xdist do not work together "
@@ -99,17 +105,6 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[
     Startup takes about 40 s. The server runs eager (harness.vllm), so no batch size stalls on a compile later.
     """
     server = start_vllm(tmp_path_factory.mktemp("vllm"), env={**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN})
-    yield server
-    server.process.stop()
-
-
-@pytest.fixture(scope="session")
-def vllm_dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
-    """``vllm serve --data-parallel-size 2``, as users start it: two engine cores and, by vLLM's default, two API
-    server processes on one socket (tests/test_vllm_api_servers.py, tests/test_control_vllm.py)."""
-    server = start_vllm(tmp_path_factory.mktemp("vllm-dp2"), env={**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN},
-                        serve=True, max_num_seqs=DP_SLOTS, memory_fraction=0.1,
-                        extra_args=("--data-parallel-size", "2"))  # fmt: skip
     yield server
     server.process.stop()
 

@@ -1,26 +1,26 @@
-"""The door on every API server: a real vLLM 0.32 on the CPU started with ``vllm serve``, as users start it.
-
-``vllm serve --data-parallel-size 2`` runs two API server processes on one socket (vLLM's default: one per DP
-rank), and two engine cores; ``--api-server-count 2`` runs two API servers before one engine. Each new
-connection lands on either. The plugin's caps must hold in both, count the whole server, and /metrics must
-count every refusal whichever process answers (batchlens.vllm_plugin.siblings). No fakes.
+"""The door on every API server, and the controller steering: a real vLLM 0.32 on the CPU started with
+``vllm serve --data-parallel-size 2``, as users start it: two API server processes on one socket (vLLM's
+default: one per DP rank), and two engine cores. Each new connection lands on either. The plugin's caps must
+hold in both, count the whole server, and /metrics must count every refusal whichever process answers
+(batchlens.vllm_plugin.siblings). The controller's scenario is tests/harness/control_vllm.py's: how good its
+goodput is against the best static limit is a figure, printed by benchmarks/control_vllm.py in make bench. No
+fakes. The multi-node recipe (a head and a ``--headless`` rank) is tests/test_vllm_headless.py's.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, INFO_PATH, TOKEN_ENV
-from batchlens.vllm_plugin.admin_port import PORT_ENV
+from batchlens.admin_api import ADMISSION_PATH, TOKEN_ENV
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, set_caps
+from harness.control_vllm import bursty_trace, steer
 from harness.exporter import one, parse_samples
-from harness.procs import free_port, http_get
+from harness.procs import http_get
 from harness.vllm import ADMIN_TOKEN, DP_SLOTS, VllmServer, start_vllm
 
 pytestmark = pytest.mark.vllm
@@ -33,18 +33,13 @@ def start(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str], *args: 
                       max_num_seqs=SLOTS, memory_fraction=0.1, extra_args=args)  # fmt: skip
 
 
-def completion(server: VllmServer, prompt_tokens: int, max_tokens: int) -> int:
-    """One completion on a fresh connection: its HTTP status."""
-    body = {"model": server.model, "prompt": [3] * prompt_tokens, "max_tokens": max_tokens, "ignore_eos": True}
-    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=300) as reply:
-            reply.read()
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        exc.read()
-        return exc.code
+@pytest.fixture(scope="module")
+def vllm_dp_server(tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[VllmServer]:
+    """``vllm serve --data-parallel-size 2``, as users start it: two engine cores and, by vLLM's default, two API
+    server processes on one socket."""
+    server = start(tmp_path_factory, vllm_plugin_env, "--data-parallel-size", "2")
+    yield server
+    server.process.stop()
 
 
 def counted(server: VllmServer) -> list[tuple[float, float, float]]:
@@ -87,7 +82,7 @@ def test_a_request_cap_holds_over_every_api_server_and_each_scrape_counts_it(
     set_caps(admin, max_num_queued_reqs=2)
     try:
         with ThreadPoolExecutor(16) as pool:
-            statuses = list(pool.map(lambda _: completion(vllm_dp_server, 32, 300), range(16)))
+            statuses = list(pool.map(lambda _: vllm_dp_server.status(32, 300), range(16)))
     finally:
         set_caps(admin, max_num_queued_reqs=None)
     admitted, refused = statuses.count(200), statuses.count(503)
@@ -106,14 +101,14 @@ def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(vllm_dp_ser
     try:
         blockers = []
         for running in (1, 2):  # one at a time, so that vLLM's balancer gives each engine core one
-            blockers.append(pool.submit(completion, vllm_dp_server, 16, 1200))
+            blockers.append(pool.submit(vllm_dp_server.status, 16, 1200))
             until(lambda n=running: sorted(e.num_running for e in admin.state().engines) == [n - 1, 1], admin)
             time.sleep(0.5)  # the DP coordinator's counts reach both API servers' balancers
         until(lambda: state(admin)["num_queued_tokens"] == 0, admin)  # both past their prefill
         set_caps(admin, max_num_queued_tokens=250)
         statuses = []
         for sent in range(1, 9):
-            waiter = pool.submit(completion, vllm_dp_server, 100, 1)
+            waiter = pool.submit(vllm_dp_server.status, 100, 1)
             taken = 2 + statuses.count(200) + 1  # the blockers, those admitted, and this one
             until(lambda w=waiter, n=taken: w.done() or state(admin)["num_unfinished_reqs"] == n, admin)
             statuses.append(waiter.result() if waiter.done() else 200)
@@ -146,25 +141,32 @@ def until(predicate, admin: AdminClient, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def test_with_an_admin_port_one_api_server_serves_it_and_its_caps_hold_in_all(
-    tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]
-) -> None:
-    """``--api-server-count 2`` and BATCHLENS_ADMIN_PORT: API server 0 binds the port (the other says so), and
-    a request cap set there holds for the requests that land on either."""
-    port = free_port()
-    server = start(tmp_path_factory, {**vllm_plugin_env, PORT_ENV: str(port)}, "--api-server-count", "2")
-    try:
-        admin = AdminClient(f"http://127.0.0.1:{port}", server.admin_token)
-        # vLLM's /health can answer (from API server 1) before API server 0 has opened the admin port.
-        server.process.wait_http(admin.url + INFO_PATH, timeout=60)
-        assert http_get(server.url + BATCH_PATH)[0] == 404  # vLLM's port, on either process
-        reply = set_caps(admin, max_num_queued_reqs=2)
-        assert (reply["api_servers"], reply["api_servers_behind"]) == (2, []), reply
-        with ThreadPoolExecutor(16) as pool:
-            statuses = list(pool.map(lambda _: completion(server, 32, 300), range(16)))
-        assert 1 <= statuses.count(200) <= 4 and statuses.count(503) >= 12, statuses
-        log = server.process.log_path.read_text(errors="replace")
-        assert "API server 1 of 2: the admin API's own port is API server 0's" in log
-        assert log.count("batchlens: admin API on its own port") == 1
-    finally:
-        server.process.stop()
+# The controller's scenario (tests/harness/control_vllm.py): the cold start shows in the first bursts, and 30 s of
+# them is enough to see the limit climb. TINY is below what any machine here serves at the scenario's SLO (from
+# the benchmark's 12 a slower CI machine's controller rightly went down first: 12 -> 7 -> 11).
+SECONDS, TINY = 30, 4
+
+
+def test_the_controller_steers_a_data_parallel_vllm_as_one_engine_limit_and_door(tmp_path, vllm_dp_server) -> None:
+    """``vllm serve --data-parallel-size 2`` (two engine cores, two API servers): the controller makes one
+    decision a tick for the server, for the limit and for the door; both engine cores hold the same limit at
+    every scrape (harness.control_vllm.watch_limit), and it moves up from a small one."""
+    trace, count = bursty_trace(tmp_path, seconds=SECONDS)
+    steered = steer(tmp_path / "steered", vllm_dp_server, trace, start=TINY, capacity=DP_SLOTS, admission=True)
+    print(steered)
+    seen = steered.limits_seen
+    assert seen and seen[0] <= TINY < max(seen), f"the exporter never saw the controller move the limit up: {seen}"
+    assert steered.moves > 0, "the controller never moved the limit"
+    decided = {}
+    for (name, labels), value in steered.decisions.items():
+        if name == "batchlens_controller_decisions_total":
+            labels = dict(labels)
+            door = labels["reason"].startswith("admission_")
+            decided[(labels["vllm_instance"], door)] = decided.get((labels["vllm_instance"], door), 0) + value
+    assert set(decided) == {("cpu", False), ("cpu", True)}, decided  # one engine, whatever its ranks
+    limit_ticks, door_ticks = decided[("cpu", False)], decided[("cpu", True)]
+    assert limit_ticks > 10 and abs(limit_ticks - door_ticks) <= 2, decided  # one of each a tick
+    accounting = steered.accounting
+    assert accounting["sent"] == accounting["answered"] + sum(accounting["refused"].values()) == count, accounting
+    assert not accounting["failed"], accounting
+    assert vllm_dp_server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4

@@ -1,5 +1,5 @@
 """The controller steering a real vLLM through the batchlens plugin, against static limits: the scenario that
-tests/test_control_vllm.py checks (make test: the limit moves) and benchmarks/control_vllm.py measures (make
+tests/test_vllm_api_servers.py checks (make test: the limit moves) and benchmarks/control_vllm.py measures (make
 bench: goodput against the best static limit, five runs, and the door's worth under overload).
 
 One bursty trace is replayed in real time (`batchlens replay --url`, every request streamed and judged at

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +144,19 @@ class VllmServer:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.load(resp)
 
+    def status(self, prompt_tokens: int, max_tokens: int) -> int:
+        """One completion on a fresh connection: its HTTP status (a door's 503 included)."""
+        payload = {"model": self.model, "prompt": [3] * prompt_tokens, "max_tokens": max_tokens, "ignore_eos": True}
+        request = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=300) as reply:
+                reply.read()
+                return reply.status
+        except urllib.error.HTTPError as exc:
+            exc.read()
+            return exc.code
+
     def load(self, requests: int, concurrency: int, prompt_tokens: int = 16, max_tokens: int = 16) -> list[dict]:
         """Send ``requests`` completions, ``concurrency`` at a time; return their replies."""
         with ThreadPoolExecutor(concurrency) as pool:
@@ -186,7 +200,7 @@ def vllm_serve(workdir: Path, version: str, env: dict[str, str]) -> tuple[list[s
     return entry, {**env, "PYTHONPATH": path, "VLLM_TARGET_DEVICE": "cpu"}
 
 
-def start_vllm(
+def launch_vllm(
     workdir: Path,
     *,
     env: dict[str, str] | None = None,
@@ -196,24 +210,21 @@ def start_vllm(
     version: str = VLLM_VERSION,
     text: bool = False,
     serve: bool = False,
-) -> VllmServer:
-    """Start a server and wait for /health. ``memory_fraction`` is --gpu-memory-utilization: on the CPU, of RAM.
-
-    Prompts are token ids, unless ``text``: then the model has a word tokenizer (word_tokenizer). ``serve``
-    starts it as ``vllm serve`` does (vllm_serve): with ``--data-parallel-size N``, N API server processes.
-    """
+    headless: bool = False,
+) -> tuple[Process, int | None, dict[str, str]]:
+    """Start vLLM, not waiting: its process, its port (None ``headless``: engine cores, no API server) and env."""
     model_dir = workdir / "tiny-llama"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
     for name, content in (word_tokenizer(TINY_LLAMA["vocab_size"]) if text else {}).items():
         (model_dir / name).write_text(content)
-    port = free_port()
     env = dict(env or {})
-    if serve:
+    if serve or headless:
         entry, env = vllm_serve(workdir, version, env)
         entry.append(str(model_dir))
     else:
         entry = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    port = None if headless else free_port()
     argv = [
         str(vllm_python(version)),
         *entry,
@@ -223,14 +234,24 @@ def start_vllm(
         "--gpu-memory-utilization", str(memory_fraction),
         "--max-model-len", "2048",
         "--max-num-seqs", str(max_num_seqs),
-        "--host", "127.0.0.1",
-        "--port", str(port),
+        *(("--headless",) if headless else ("--host", "127.0.0.1", "--port", str(port))),
         "--enforce-eager",
         *extra_args,
     ]  # fmt: skip
-    process = Process("vllm", argv, workdir / "vllm.log", env={KV_CACHE_SPACE: "1", **env}, cwd=workdir)
-    token = env.get("BATCHLENS_ADMIN_TOKEN")
-    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, process, token)
+    name = "vllm-headless" if headless else "vllm"
+    process = Process(name, argv, workdir / f"{name}.log", env={KV_CACHE_SPACE: "1", **env}, cwd=workdir)
+    return process, port, env
+
+
+def start_vllm(workdir: Path, **settings) -> VllmServer:
+    """Start a server and wait for /health (launch_vllm's settings). ``memory_fraction`` is
+    --gpu-memory-utilization: on the CPU, of RAM.
+
+    Prompts are token ids, unless ``text``: then the model has a word tokenizer (word_tokenizer). ``serve``
+    starts it as ``vllm serve`` does (vllm_serve): with ``--data-parallel-size N``, N API server processes.
+    """
+    process, port, env = launch_vllm(workdir, **settings)
+    server = VllmServer(f"http://127.0.0.1:{port}", MODEL_NAME, process, env.get("BATCHLENS_ADMIN_TOKEN"))
     try:
         process.wait_http(server.url + "/health", timeout=STARTUP_TIMEOUT)
     except BaseException:
