@@ -38,10 +38,11 @@ def release_capture(request: pytest.FixtureRequest) -> Path:
     return request.param
 
 
-#: The modules that start data-parallel servers (`vllm serve --data-parallel-size 2`, a head and a headless rank):
-#: a second group, so that they start and serve beside the first group's, on another worker.
-DATA_PARALLEL_MODULES = frozenset({"test_vllm_api_servers.py", "test_vllm_headless.py"})
-VLLM_GROUPS = ("vllm", "vllm_dp")
+#: The modules whose vLLMs start and serve on a second worker, beside the first's: the data-parallel servers
+#: (`vllm serve --data-parallel-size 2`, a head and a headless rank) and the routing test's two servers, each
+#: module its own servers. One group was the suite's critical path; two vLLMs at a time fit this machine.
+SECOND_WORKER_MODULES = frozenset({"test_vllm_api_servers.py", "test_vllm_headless.py", "test_routing_vllm.py"})
+VLLM_GROUPS = ("vllm", "vllm_b")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
@@ -50,7 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     loadgroup): three vLLMs at once ran this machine out of memory, and each busies a core while it serves."""
     for item in items:
         if item.get_closest_marker("vllm"):
-            group = VLLM_GROUPS[1] if item.path.name in DATA_PARALLEL_MODULES else VLLM_GROUPS[0]
+            group = VLLM_GROUPS[1] if item.path.name in SECOND_WORKER_MODULES else VLLM_GROUPS[0]
             item.add_marker(pytest.mark.xdist_group(group))
 
 

@@ -438,6 +438,33 @@ PLUGIN_DOOR_APP = MIDDLEWARE_APP + textwrap.dedent(
     lines = generate_latest().decode().splitlines()
     print("COUNTED", sorted(line for line in lines if line.startswith("vllm:admission_rejections_total")))
     print("CLASSES", sorted(line for line in lines if line.startswith("batchlens_door_")))
+    # Two API servers of one `vllm serve` (--api-server-count 2): one with 3 prompts of 100 tokens in prefill, the
+    # other with none. A cap set through the first holds in the second, and counts the first's tokens.
+    import asyncio, os, tempfile
+    from batchlens.vllm_plugin.endpoint import AdminService
+    from batchlens.vllm_plugin.siblings import open_table
+
+    folder = tempfile.mkdtemp()
+
+    def sibling(index, states):
+        client = EngineClient()
+        client.output_processor = SimpleNamespace(request_states=states)
+        client.model_config = SimpleNamespace(served_model_name=["tiny"])
+        table = open_table(index, 2, parent_pid=os.getpid(), directory=folder)
+        return AdminService(client, "tok", mw.check_installed_vllm(), None, table)
+
+    async def siblings():
+        busy = sibling(0, {f"s{i}": SimpleNamespace(prompt_len=100, is_prefilling=True) for i in range(3)})
+        idle = sibling(1, {})
+        ticks = [busy.start(), idle.start()]
+        await asyncio.sleep(0.1)
+        state = await busy.set_admission(b'{"max_num_queued_tokens": 250}', "test")
+        print("SHARED", state.api_servers, state.api_servers_behind, state.num_queued_tokens)
+        print("SIBLING", idle.refusal(0), idle.refusal(1))
+        for tick in ticks:
+            tick.cancel()
+
+    asyncio.run(siblings())
     """
 )
 
@@ -445,8 +472,9 @@ PLUGIN_DOOR_APP = MIDDLEWARE_APP + textwrap.dedent(
 def test_where_vllm_has_no_queued_caps_the_plugins_door_refuses_by_the_same_rules(vllm_plugin_env) -> None:
     """The plugin's door, as it runs on 0.10-0.28 through ``--middleware``: it counts what vLLM's caps count from
     the API server's request states, answers vLLM's 503 before vLLM sees the request, and counts it in vLLM's
-    series. Faked: the engine client and the release's lack of caps; real: this environment's FastAPI and
-    Starlette, and 0.32's own output-processor classes for the shape check. The matrix runs it on 0.25.1."""
+    series; and with two API servers, their shared caps and counts (siblings.py). Faked: the engine client and the
+    release's lack of caps; real: this environment's FastAPI and Starlette, and 0.32's own output-processor
+    classes for the shape check. The matrix runs it on 0.25.1."""
     env = {**os.environ, **vllm_plugin_env, TOKEN_ENV: "tok"}
     run = [str(vllm_python()), "-c", PLUGIN_DOOR_APP]
     done = subprocess.run(run, capture_output=True, text=True, env=env, timeout=300)
@@ -476,6 +504,9 @@ def test_where_vllm_has_no_queued_caps_the_plugins_door_refuses_by_the_same_rule
         'refusals_total{priority_class="critical"} 0.0',
     ):
         assert f"batchlens_door_{line}" in classes, classes
+    # Several API servers: the cap set through one is in force in the other, which counts the first's prompts.
+    assert out["SHARED"] == "2 [] 300"
+    assert out["SIBLING"] == "max_num_queued_tokens None"  # standard refused; critical passes, as on one server
 
 
 def test_with_an_admin_port_the_middleware_serves_the_admin_api_there_alone(vllm_plugin_env) -> None:
