@@ -14,7 +14,7 @@ from batchlens.vllm_plugin.admin_port import PORT_ENV
 from harness.admin import AdminClient, set_caps
 from harness.fake_pynvml import GIB, FakeNvml, FakeProcess, h100_sxm
 from harness.procs import free_port, http_get
-from harness.vllm import ADMIN_TOKEN, DP_SLOTS, launch_vllm, start_vllm
+from harness.vllm import ADMIN_TOKEN, DP_SLOTS, door_counts, launch_vllm, start_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -50,9 +50,13 @@ def test_a_head_and_a_headless_node_with_an_admin_port_are_one_engine(
             admin.set_limit(DP_SLOTS)
             reply = set_caps(admin, max_num_queued_reqs=2)
             assert (reply["api_servers"], reply["api_servers_behind"]) == (2, []), reply
+            before = door_counts(server)[0]
             with ThreadPoolExecutor(16) as pool:
-                statuses = list(pool.map(lambda _: server.status(32, 200), range(16)))
-            assert 1 <= statuses.count(200) <= 4 and statuses.count(503) >= 12, statuses
+                statuses = list(pool.map(lambda _: server.status(32, 128), range(16)))
+            refused = statuses.count(503)
+            assert 1 <= statuses.count(200) <= 4 and refused >= 12, statuses
+            for scrape in door_counts(server):  # every scrape counts them all, whichever API server answers
+                assert tuple(n - b for n, b in zip(scrape, before, strict=True)) == (refused, refused, 16), scrape
             set_caps(admin, max_num_queued_reqs=None)
             rank_1 = next(p for p in psutil.Process(headless.proc.pid).children(recursive=True)
                           if p.cmdline()[:1] == ["VLLM::EngineCore_DP1"])  # fmt: skip

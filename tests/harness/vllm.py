@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.exporter import one, parse_samples
 from harness.procs import Process, free_port, http_get
 
 VLLM_VERSION = "0.32.0"
@@ -258,3 +259,17 @@ def start_vllm(workdir: Path, **settings) -> VllmServer:
         process.stop()
         raise
     return server
+
+
+def door_counts(server: VllmServer) -> list[tuple[float, float, float]]:
+    """Six scrapes of /metrics, each on a fresh connection (so from either API server): vLLM's refusals, the
+    door's refusals and its arrivals, as each scrape reads them."""
+    scrapes = []
+    for _ in range(6):
+        samples = parse_samples(server.metrics_text())
+        scrapes.append((
+            sum(v for k, v in samples.items() if k[0] == "vllm:admission_rejections_total"),
+            one(samples, "batchlens_door_refusals_total", priority_class="standard"),
+            one(samples, "batchlens_door_requests_total", priority_class="standard"),
+        ))  # fmt: skip
+    return scrapes
