@@ -102,8 +102,12 @@ class AdminService:
             self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
 
     def start(self) -> asyncio.Task | None:
-        """The tick, as a task of vLLM's running loop, where there are siblings to keep in step with."""
-        if self.siblings.count == 1 or self._door is None:
+        """Where there are siblings to keep in step with: the arrivals' gaps measured over all of them, and the
+        tick, as a task of vLLM's running loop (held by the caller, so that the loop does not drop it)."""
+        if self.siblings.count == 1:
+            return None
+        arrival_metrics().share_last_arrival(self.siblings.swap_last_arrival)
+        if self._door is None:
             return None
 
         async def tick() -> None:
@@ -212,7 +216,7 @@ class AdminService:
         door = self._open_door()
         changes = parse_admission(body)
         async with self._lock, self.siblings.exclusive():
-            self.sync()
+            self.apply_shared_caps()  # what a sibling set last is what this change starts from
             before = {name: getattr(door.caps, name) for name in changes if name != "prefill_tokens_per_second"}
             current = Caps(0, door.caps.max_num_queued_tokens, door.caps.max_num_queued_reqs, self._prefill_rate)
             self.siblings.set_caps(changes, current)
@@ -426,7 +430,7 @@ class BatchlensEndpoint:
         self.listen = admin_listen(os.environ)
         self.own_port: FastAPI | None = None  # the admin API's app, where it has a port of its own
         self._server: asyncio.Task | None = None  # held, so that the loop does not drop it
-        self._tasks: list[asyncio.Task] = []
+        self._tick: asyncio.Task | None = None  # the siblings' tick (AdminService.start)
 
     def attach_router(self, app: FastAPI) -> None:
         log_refusal(self.support)
@@ -440,21 +444,11 @@ class BatchlensEndpoint:
     async def init_state(self, engine_client: Any, state: Any, args: Any) -> None:
         service = admin_state(engine_client, self.support)
         setattr(state, STATE_KEY, service)
-        self._tasks = start_service(service)
+        self._tick = service.start() if isinstance(service, AdminService) else None
         if self.own_port is not None:
             setattr(self.own_port.state, STATE_KEY, service)
             if serves_own_port(service):
                 self._server = start_admin_server(self.own_port, self.listen)
-
-
-def start_service(service: AdminService | Refused) -> list[asyncio.Task]:
-    """The service's tasks on vLLM's loop (the siblings' tick, where it has siblings), and the arrivals'
-    gaps measured over every sibling: held by the caller, so that the loop does not drop them."""
-    if not isinstance(service, AdminService) or service.siblings.count == 1:
-        return []
-    arrival_metrics().share_last_arrival(service.siblings.swap_last_arrival)
-    task = service.start()
-    return [task] if task is not None else []
 
 
 def serves_own_port(service: AdminService | Refused) -> bool:

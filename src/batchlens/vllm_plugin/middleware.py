@@ -24,12 +24,12 @@ from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import MIDDLEWARE, check_installed_vllm
 from batchlens.vllm_plugin.endpoint import (
     STATE_KEY,
+    AdminService,
     admin_app,
     admin_state,
     door_of,
     log_refusal,
     serves_own_port,
-    start_service,
 )
 
 
@@ -41,7 +41,7 @@ class AdminMiddleware:
         self.admin = admin_app()
         self.app = ArrivalMiddleware(app, arrivals=arrival_metrics(), door=lambda: door_of(self.admin.state))
         self._server: asyncio.Task | None = None  # the admin API's own port, where it has one
-        self._tasks: list[asyncio.Task] = []  # the siblings' tick (endpoint.start_service)
+        self._tick: asyncio.Task | None = None  # the siblings' tick (AdminService.start)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -61,7 +61,7 @@ class AdminMiddleware:
             if engine_client is not None:
                 service = admin_state(engine_client, self.support)
                 setattr(self.admin.state, STATE_KEY, service)
-                self._tasks = start_service(service)
+                self._tick = service.start() if isinstance(service, AdminService) else None
 
     def _start_own_port(self, scope: dict, send: Any) -> Any:
         """vLLM's lifespan, watched: once its startup is complete the engine client exists, and the port opens."""
