@@ -3,8 +3,6 @@ the CPU; the GPU of the headless node's exporter is the fake NVML (harness/fake_
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import psutil
 import pytest
 
@@ -14,7 +12,7 @@ from batchlens.vllm_plugin.admin_port import PORT_ENV
 from harness.admin import AdminClient, set_caps
 from harness.fake_pynvml import GIB, FakeNvml, FakeProcess, h100_sxm
 from harness.procs import free_port, http_get
-from harness.vllm import ADMIN_TOKEN, DP_SLOTS, door_counts, launch_vllm, start_vllm
+from harness.vllm import ADMIN_TOKEN, DP_SLOTS, launch_vllm, start_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -25,9 +23,9 @@ def test_a_head_and_a_headless_node_with_an_admin_port_are_one_engine(
     """vLLM's multi-node recipe on loopback: a head (``--data-parallel-size 2 --data-parallel-size-local 1``, with
     ``--api-server-count 2`` and BATCHLENS_ADMIN_PORT) and a ``--headless --data-parallel-start-rank 1`` process
     holding rank 1 with no API server. API server 0 binds the admin port (the other says so); a request cap set
-    there holds for the requests either API server takes; a limit set there reaches rank 1 in the other
-    process; and the exporter on the headless "node" maps a GPU of that real engine core (by its title,
-    ``VLLM::EngineCore_DP1``; the GPU is the fake NVML) to the engine and to rank 1."""
+    there is in force in both API servers; a limit set there reaches rank 1 in the other process; and the
+    exporter on the headless "node" maps a GPU of that real engine core (by its title, ``VLLM::EngineCore_DP1``;
+    the GPU is the fake NVML) to the engine and to rank 1."""
     workdir, port, rpc = tmp_path_factory.mktemp("vllm-hybrid"), free_port(), free_port()
     env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN}
     dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
@@ -48,15 +46,8 @@ def test_a_head_and_a_headless_node_with_an_admin_port_are_one_engine(
             state = admin.set_limit(3)
             assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
             admin.set_limit(DP_SLOTS)
-            reply = set_caps(admin, max_num_queued_reqs=2)
+            reply = set_caps(admin, max_num_queued_reqs=2)  # that a cap holds: test_vllm_api_servers.py
             assert (reply["api_servers"], reply["api_servers_behind"]) == (2, []), reply
-            before = door_counts(server)[0]
-            with ThreadPoolExecutor(16) as pool:
-                statuses = list(pool.map(lambda _: server.status(32, 128), range(16)))
-            refused = statuses.count(503)
-            assert 1 <= statuses.count(200) <= 4 and refused >= 12, statuses
-            for scrape in door_counts(server):  # every scrape counts them all, whichever API server answers
-                assert tuple(n - b for n, b in zip(scrape, before, strict=True)) == (refused, refused, 16), scrape
             set_caps(admin, max_num_queued_reqs=None)
             rank_1 = next(p for p in psutil.Process(headless.proc.pid).children(recursive=True)
                           if p.cmdline()[:1] == ["VLLM::EngineCore_DP1"])  # fmt: skip
