@@ -11,7 +11,9 @@
 # memory busy above 0 under load, a peak bandwidth near the data sheet's, the GPU mapped to
 # the engine through the process tree; under the copy load, the DRAM bandwidth ratio above the
 # article's 70% threshold (the alert's signal) and the bytes/s near what the copy moves. It also runs `batchlens doctor` under that load. The
-# scrapes, doctor's report and a summary land in OUTDIR; record them in docs/gpu-validation.md.
+# GPU's health as the exporter reads it: the Xid event set (registered on every GPU, a wait that times out
+# cleanly), the remapped rows, and the PCI bus's count of GPUs against NVML's (health.txt).
+# The scrapes, doctor's report and a summary land in OUTDIR; record them in docs/gpu-validation.md.
 #
 # Needs: python3 with torch (CUDA), nvidia-ml-py, aiohttp, click, psutil, prometheus-client,
 # PyYAML, pydantic and grafanalib. The package itself runs from src/ (no install). Wheels of the
@@ -77,6 +79,32 @@ curl -sf "http://127.0.0.1:$EXPORTER_PORT/metrics" >"$OUTDIR/scrape2.prom"
 kill $EXPORTER_PID $ENGINE_PID 2>/dev/null || true
 wait $EXPORTER_PID 2>/dev/null || true
 
+# The health reads on the real driver: the Xid waiter (batchlens.exporter.xid_events) over every GPU for 3 s,
+# nvmlDeviceGetRemappedRows, and the PCI bus beside NVML's count.
+"$PY" - >"$OUTDIR/health.txt" 2>&1 <<'EOF' || true
+import time, pynvml
+from batchlens.exporter.pci_bus import nvidia_gpus
+from batchlens.exporter.xid_events import XidWaiter
+pynvml.nvmlInit()
+count = pynvml.nvmlDeviceGetCount()
+handles = [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+print(f"nvml GPUs {count}; pci bus NVIDIA GPUs {nvidia_gpus()}")
+for index, handle in handles:
+    supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+    try:
+        rows = pynvml.nvmlDeviceGetRemappedRows(handle)
+    except pynvml.NVMLError as exc:
+        rows = f"({exc})"
+    print(f"GPU {index}: event types {supported:#x} (xid {bool(supported & pynvml.nvmlEventTypeXidCriticalError)}); "
+          f"remapped rows (correctable, uncorrectable, pending, failure) {rows}")
+waiter = XidWaiter(pynvml, handles)
+started = waiter.start()
+time.sleep(3)
+print(f"xid waiter started {started}; watched {waiter.watched}; counts {waiter.counts()}; wait errors {dict(waiter.errors)}")
+waiter.close()
+pynvml.nvmlShutdown()
+EOF
+
 # The tick's cost on the real driver, against the bare NVML calls (benchmarks/nvml.py --real).
 "$PY" benchmarks/nvml.py --real --budget 3 >"$OUTDIR/tick-cost.txt" 2>&1 || true
 
@@ -104,6 +132,11 @@ for name in ("scrape1.prom", "scrape2.prom"):
         "GPM DRAM bandwidth ratio present (Hopper)": "batchlens_gpu_dram_bandwidth_ratio" in by_name,
         "GPU 0 mapped to the engine": by_name.get("batchlens_gpu_sm_busy_ratio") is not None and by_name["batchlens_gpu_sm_busy_ratio"].labels.get("vllm_instance") == "gpu-check",
     }
+    pci = [s for s in samples if s.name == "batchlens_pci_nvidia_gpus"]
+    listed = {s.labels["gpu"] for s in gpu if s.name == "batchlens_source_up" and s.labels.get("gpu")}
+    checks["the PCI bus counts as many NVIDIA GPUs as NVML"] = bool(pci) and pci[0].value == len(listed)
+    if by_name.get("batchlens_gpu_info") is not None and by_name["batchlens_gpu_info"].labels.get("architecture") in ("ampere", "hopper", "blackwell"):
+        checks["row remapping read (Ampere and newer)"] = "batchlens_gpu_row_remapping_pending" in by_name
     dram = by_name.get("batchlens_gpu_dram_bandwidth_ratio")
     if os.environ["GPU_CHECK_LOAD"] == "copy":
         checks["DRAM bandwidth above the 70% threshold under a copy"] = dram is not None and dram.value > 0.7
@@ -114,6 +147,11 @@ for name in ("scrape1.prom", "scrape2.prom"):
         print(("ok   " if ok else "FAIL ") + what)
         if not ok:
             failures.append(f"{name}: {what}")
+health = (out / "health.txt").read_text() if (out / "health.txt").exists() else ""
+print("--- GPU health reads (Xid event set, remapped rows, PCI bus)")
+print(health.rstrip())
+if "xid waiter started True" not in health or "wait errors {}" not in health:
+    failures.append("the Xid waiter did not register and wait cleanly on this driver")
 if (out / "tick-cost.txt").exists():
     print("--- the NVML tick's cost on this driver (benchmarks/nvml.py --real)")
     print((out / "tick-cost.txt").read_text().rstrip())

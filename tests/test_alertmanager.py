@@ -48,6 +48,21 @@ def test_routes_send_each_alert_to_its_receivers(labels: dict, receivers: str) -
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+GENERATED = [rule for group in yaml.safe_load((ROOT / "alerts" / "batchlens.alerts.yml").read_text())["groups"]
+             for rule in group["rules"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", GENERATED, ids=[rule["alert"] for rule in GENERATED])
+def test_every_generated_alert_reaches_on_call_by_its_severity(rule: dict) -> None:
+    """The GPU's alerts among them: critical pages, warning opens a ticket; the breaker also reaches the hook."""
+    receivers = {"critical": "page", "warning": "ticket"}[rule["labels"]["severity"]]
+    if rule["alert"] == "VllmP99LatencyBreaker":
+        receivers = "remediation," + receivers
+    matchers = [f"alertname={rule['alert']}", f"severity={rule['labels']['severity']}", "vllm_instance=a"]
+    done = amtool("config", "routes", "test", f"--config.file={CONFIG}", f"--verify.receivers={receivers}", *matchers)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def _seconds(duration: str) -> int:
     units = {"s": 1, "m": 60, "h": 3600}
     return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([smh])", duration))

@@ -19,7 +19,7 @@ import yaml
 
 from batchlens.config import Config
 from batchlens.remediation.breaker import EngineState
-from batchlens.remediation.confirm import Confirmer, alert_series, firing_here
+from batchlens.remediation.confirm import Confirmer, alert_series, fault_text, firing_here
 from batchlens.remediation.service import Remediator
 from batchlens.remediation.store import Store
 from batchlens.remediation.webhook import WebhookPayload
@@ -30,7 +30,14 @@ from harness.remediate import alert, notification
 
 pytestmark = pytest.mark.e2e
 ODD = 'ns/a"b\\c'  # a name with PromQL's quote and escape in it: the query must still name it, and only it
-FIRING = {"a": {}, ODD: {}, "elsewhere": {"cluster": "other"}}  # engines whose breaker fires, and extra labels
+FIRING = {"a": {}, ODD: {}, "elsewhere": {"cluster": "other"}, "g": {}}  # engines whose breaker fires, and labels
+# Engine g's GPUs: GPU 3 lost a moment ago (its alert still pending: "for" is not over), GPU 5 holding its clocks
+# down (firing); and a GPU lost in another cluster, of an engine named b there.
+GPU_3 = {"gpu": "3", "uuid": "GPU-3", "instance": "node-a:9400"}
+GPU_ALERTS = [("BatchlensGpuLost", "1h", {"vllm_instance": "g", **GPU_3}),
+              ("BatchlensGpuThrottled", "0s", {"vllm_instance": "g", "gpu": "5", "uuid": "GPU-5",
+                                               "instance": "node-a:9400", "reason": "hw_thermal_slowdown"}),
+              ("BatchlensGpuLost", "0s", {"vllm_instance": "b", "cluster": "other", **GPU_3})]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +46,11 @@ def prometheus(tmp_path_factory) -> Iterator[PrometheusServer]:
     rules = [{"alert": "VllmP99LatencyBreaker", "expr": "vector(1)",
               "labels": {"severity": "critical", "vllm_instance": name, **extra}}
              for name, extra in FIRING.items()]  # fmt: skip
+    rules += [{"alert": name, "expr": "vector(1)", "for": duration, "labels": labels}
+              for name, duration, labels in GPU_ALERTS]  # fmt: skip
     (workdir / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "b", "interval": "1s", "rules": rules}]}))
     server = PrometheusServer(workdir, [], rule_files=(str(workdir / "rules.yml"),))
-    server.wait_for('count(ALERTS{alertstate="firing"}) == 3')
+    server.wait_for('count(ALERTS{alertstate="firing"}) == 6 and count(ALERTS{alertstate="pending"}) == 1')
     yield server
     server.stop()
 
@@ -68,11 +77,12 @@ def test_the_confirmer_asks_a_real_prometheus(prometheus) -> None:
     assert asyncio.run(ask()) == {"a": True, ODD: True, "ns/a": False, "b": False, "elsewhere": False}
 
 
-def run_hook(tmp_path, prometheus_url: str, script, clock=time.time) -> tuple[Remediator, dict, Alertmanager]:
-    """Run ``script(hook, admins)`` against a hook with engines a and b (each its own in-process admin API)."""
+def run_hook(tmp_path, prometheus_url: str, script, clock=time.time, engines=("a", "b"),
+             **settings) -> tuple[Remediator, dict, Alertmanager]:  # fmt: skip
+    """Run ``script(hook, admins)`` against a hook with ``engines`` (each its own in-process admin API)."""
     config = Config.model_validate({
-        "engines": [{"name": n, "url": "http://127.0.0.1:9"} for n in ("a", "b")],
-        "breaker": {"cooldown_seconds": 60}, "remediate": {"prometheus_url": prometheus_url},
+        "engines": [{"name": n, "url": "http://127.0.0.1:9"} for n in engines],
+        "breaker": {"cooldown_seconds": 60}, "remediate": {"prometheus_url": prometheus_url}, **settings,
     })  # fmt: skip
     store = Store(tmp_path / "state.db")
     am = Alertmanager()
@@ -80,7 +90,7 @@ def run_hook(tmp_path, prometheus_url: str, script, clock=time.time) -> tuple[Re
     async def main():
         async with aiohttp.ClientSession() as session:
             hook = Remediator(config, store, session, {}, alertmanager=am, clock=clock)
-            admins = {n: GatedAdmin(limit=64) for n in ("a", "b")}
+            admins = {n: GatedAdmin(limit=64) for n in engines}
             hook.admins.update(admins)
             await script(hook, admins)
             return hook, admins
@@ -153,3 +163,50 @@ def test_without_prometheus_a_firing_is_not_acted_on_and_a_resolution_waits_for_
     assert [p.labels["reason"] for p in am.posted] == ["unconfirmed"]
     assert "cannot confirm" in am.posted[0].annotations["description"]
     assert hook.states["b"].mode == "recovering", "a confirmed resolution starts the recovery"
+
+
+def test_the_gpu_question_names_the_gpu_alerts_firing_or_pending_of_this_cluster_by_engine(prometheus) -> None:
+    async def ask() -> tuple[dict, dict]:
+        async with aiohttp.ClientSession() as session:
+            confirmer = Confirmer(session, prometheus.url, cluster="here")
+            return await confirmer.gpu_faults(), await confirmer.gpu_faults("b")
+
+    every, b = asyncio.run(ask())
+    assert b == {} and list(every) == ["g"]  # b's GPU alert is another cluster's
+    assert fault_text(every["g"]) == ("GPU 3 (GPU-3) on node-a:9400: Lost; "
+                                      "GPU 5 (GPU-5) on node-a:9400: Throttled hw_thermal_slowdown")  # fmt: skip
+
+
+def test_a_breach_while_a_gpu_of_the_engine_fails_pages_its_state_and_halves_nothing(tmp_path, prometheus) -> None:
+    """Engine g's breaker fires while its GPU 3 is lost (pending: within its "for") and GPU 5 throttles. A smaller
+    batch mends neither: no halving, no strike; one page (per cooldown) that names both GPUs. Engine a, whose GPUs
+    are well, is halved as before."""
+    now = time.time()
+
+    async def script(hook, admins) -> None:
+        await deliver(hook, alert("g", starts_at=now - 30))
+        await deliver(hook, alert("g", starts_at=now - 20))
+        await deliver(hook, alert("a", starts_at=now - 30))
+
+    hook, admins, am = run_hook(tmp_path, prometheus.url, script, engines=("a", "g"))
+    assert (admins["g"].limit, admins["a"].limit) == (64, 32)
+    assert hook.states["g"].strikes == 0 and hook.deliveries["gpu_fault"] == 2, hook.deliveries
+    [page] = am.posted
+    assert (page.labels["vllm_instance"], page.labels["reason"]) == ("g", "gpu_fault")
+    assert "GPU 3 (GPU-3) on node-a:9400: Lost; GPU 5" in page.annotations["description"]
+    assert "Not halved" in page.annotations["description"]
+
+
+def test_the_controller_holds_an_engine_whose_gpu_fails_and_learns_nothing(tmp_path, prometheus) -> None:
+    """The hook asks Prometheus once a control interval, for every engine; the controller's tick for g then holds
+    (reason gpu_fault) whatever its window says."""
+
+    async def script(hook, admins) -> None:
+        for _ in range(3):
+            await deliver(hook)
+            await asyncio.sleep(0.2)
+        assert hook.controller.gpu_faults == {"g": fault_text([{"alertname": "BatchlensGpuLost", **GPU_3},
+            {"alertname": "BatchlensGpuThrottled", "gpu": "5", "uuid": "GPU-5", "instance": "node-a:9400",
+             "reason": "hw_thermal_slowdown"}])}  # fmt: skip
+
+    run_hook(tmp_path, prometheus.url, script, engines=("a", "g"), control={"enabled": True, "interval_seconds": 1})

@@ -15,7 +15,7 @@ from dataclasses import replace
 from random import Random
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from batchlens.config import Control
@@ -364,9 +364,10 @@ def situations(draw) -> tuple[State, Window, float]:
 def test_every_branch_of_the_law_is_within_the_property_tests_reach(reason: str) -> None:
     # A fixed seed, and yet the search differed with what else pytest collected (test_replay.py beside it:
     # past_peak missed in 5000 draws); a past_peak lies within 5000 draws for about 5 seeds in 6, so 20,000.
-    # The property tests below still draw at random.
+    # The property tests below still draw at random. Only the search: shrinking what it found took most of a
+    # minute and proves nothing more.
     found = find(situations(), lambda s: decide(*s[:2], s[2], SLO, TUNING).reason == reason,
-                 settings=settings(max_examples=20_000, deadline=None, database=None),
+                 settings=settings(max_examples=20_000, deadline=None, database=None, phases=[Phase.generate]),
                  random=Random(REASONS.index(reason)))  # fmt: skip
     assert decide(*found[:2], found[2], SLO, TUNING).reason == reason
 
@@ -472,9 +473,10 @@ CONTROL = Control(enabled=True, manual_hold_seconds=60, drain_seconds=5)
 
 def tick(state: Steering, *, now: float = 100.0, in_force: int = 32, ours=(32,), breaker_open: bool = False,
          signals: Window | None = None, capacity: int = 64, control: Control = CONTROL,
-         door: bool = False):  # fmt: skip
+         door: bool = False, gpu_fault: bool = False):  # fmt: skip
     return steer(state, now=now, in_force=in_force, set_by_batchlens=set(ours), breaker_open=breaker_open,
-                 signals=signals, slo=SLO, control=control, capacity=capacity, door=door)  # fmt: skip
+                 signals=signals, slo=SLO, control=control, capacity=capacity, door=door,
+                 gpu_fault=gpu_fault)  # fmt: skip
 
 
 def test_after_a_fall_live_growth_takes_the_doors_step_only_where_a_door_is_kept() -> None:
@@ -483,6 +485,15 @@ def test_after_a_fall_live_growth_takes_the_doors_step_only_where_a_door_is_kept
     admitting = Control(enabled=True, admission=True)
     assert tick(fallen, in_force=36, ours=(36,), signals=busy, control=admitting).state.limit == 37, "no door kept"
     assert tick(fallen, in_force=36, ours=(36,), signals=busy, control=admitting, door=True).state.limit == 42
+
+
+def test_while_a_gpu_of_the_engine_fails_the_limit_holds_and_the_law_learns_nothing() -> None:
+    """A window that would cut (the pace far over the SLO) and teach a peak: with a failing GPU, neither."""
+    steady = Steering(State(36), seen_limit=36)
+    slow = w(running=36, waiting=9, pace=0.5, tps=100)
+    assert tick(steady, in_force=36, ours=(36,), signals=slow).state.limit < 36, "the window alone cuts"
+    held = tick(steady, in_force=36, ours=(36,), signals=slow, gpu_fault=True)
+    assert (held.reason, held.state) == ("gpu_fault", steady)
 
 
 def test_control_starts_where_the_engine_is_or_at_its_start_limit_and_decides_nothing_without_a_window() -> None:

@@ -68,6 +68,10 @@ NO_DATA_HERE = {
         "control.admission is off in this stack: tests/test_control_admission_e2e.py sets and reads the cap",
     ),
     "Data-parallel ranks: load against the mean": "the simulator is one rank; alerts/tests give the rule two",
+    **dict.fromkeys(
+        ("GPU alerts", "GPUs lost", "Xids in the last hour", "Clocks held down, rows to remap"),
+        "no GPU fails in this stack: tests/test_gpu_failures_e2e.py fills the GPU health row",
+    ),
 }
 
 

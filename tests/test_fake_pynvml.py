@@ -71,3 +71,42 @@ def test_gpm_metrics_are_rates_between_two_samples() -> None:
     req.sample1, req.sample2 = second, first  # the wrong way round is an error, as on a real driver
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         n.nvmlGpmMetricsGet(req)
+
+
+def test_events_come_through_the_set_they_were_registered_in_and_a_wait_without_one_times_out() -> None:
+    fake = FakeNvml([h100_sxm(0), h100_sxm(1, event_types=0)])
+    n = fake.module()
+    n.nvmlInit()
+    first, second = n.nvmlDeviceGetHandleByIndex(0), n.nvmlDeviceGetHandleByIndex(1)
+    events = n.nvmlEventSetCreate()
+    assert isinstance(events, pynvml.c_nvmlEventSet_t)
+    assert n.nvmlDeviceGetSupportedEventTypes(first) & pynvml.nvmlEventTypeXidCriticalError
+    n.nvmlDeviceRegisterEvents(first, pynvml.nvmlEventTypeXidCriticalError, events)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        n.nvmlDeviceRegisterEvents(second, pynvml.nvmlEventTypeXidCriticalError, events)
+    fake.xid(1, 79)  # not registered: never delivered
+    fake.xid(0, 48)
+    data = n.nvmlEventSetWait(events, 1000)
+    assert (data.eventType, data.eventData) == (pynvml.nvmlEventTypeXidCriticalError, 48)
+    assert n.nvmlDeviceGetUUID(data.device) == "GPU-h100-0000-0"
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        n.nvmlEventSetWait(events, 10)
+    n.nvmlEventSetFree(events)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        n.nvmlEventSetWait(events, 10)
+
+
+def test_a_driver_that_goes_away_fails_every_call_and_init_until_it_is_back() -> None:
+    fake = FakeNvml([h100_sxm(remapped_rows=(2, 0, 1, 0))])
+    n = fake.module()
+    n.nvmlInit()
+    handle = n.nvmlDeviceGetHandleByIndex(0)
+    assert n.nvmlDeviceGetRemappedRows(handle) == (2, 0, 1, 0)
+    fake.unload()
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        n.nvmlDeviceGetRemappedRows(handle)
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        n.nvmlInit()
+    fake.load()
+    n.nvmlInit()
+    assert n.nvmlDeviceGetCount() == 1

@@ -15,7 +15,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import pynvml
@@ -24,11 +26,12 @@ import pytest
 from batchlens.config import Engine, load_config
 from batchlens.exporter.gpu_metrics import CLOCK_EVENT_REASONS, GPU_METRICS
 from batchlens.exporter.nvml_source import NvmlSource
+from batchlens.exporter.pci_bus import nvidia_gpus
 from batchlens.exporter.render import render
 from batchlens.exporter.sampler import Sampler, SourceError
 from batchlens.exporter.server import Exporter
 from batchlens.exporter.snapshot import Snapshot, SnapshotStore, SourceState
-from harness.exporter import ExporterProcess, Samples, parse_samples, pick
+from harness.exporter import ExporterProcess, Samples, one, parse_samples, pick
 from harness.fake_pynvml import (
     GIB,
     GPM_DRAM,
@@ -44,19 +47,25 @@ from harness.fake_pynvml import (
     h100_sxm,
     t4,
 )
+from harness.fake_sysfs import BRIDGE, GPU_3D, GPU_VGA, INTEL, NVIDIA, gpu_host, pci_bus
 from harness.procs import free_port
 
 DOCS = Path(__file__).parent.parent / "docs" / "gpu-metrics.md"
 
 
 class Rig:
-    """A fake driver and a source over it; each scrape comes one 5 s interval after the last."""
+    """A fake driver and a source over it; each scrape comes one 5 s interval after the last. ``sysfs``: the
+    host's PCI bus (harness.fake_sysfs); by default none that can be read. Closed after each test (its Xid
+    waiter is a thread)."""
 
-    def __init__(self, gpus: list[FakeGpu], engines=(), **driver):
+    made: ClassVar[list[Rig]] = []
+
+    def __init__(self, gpus: list[FakeGpu], engines=(), sysfs: Path = Path("/nonexistent/sys"), **driver):
         self.gpus = gpus
         self.fake = FakeNvml(gpus, **driver)
         self.nvml = self.fake.module()
-        self.src = NvmlSource(list(engines), nvml=self.nvml)
+        self.src = NvmlSource(list(engines), nvml=self.nvml, sysfs=sysfs)
+        Rig.made.append(self)
 
     def sample(self, models: dict[str, str] | None = None):
         self.fake.advance(5)
@@ -65,6 +74,13 @@ class Rig:
     def scrape(self, models: dict[str, str] | None = None) -> Samples:
         state = SourceState("nvml", (), True, self.sample(models), 1.0, 0.01, {})
         return parse_samples(render(Snapshot(1, (state,))).decode())
+
+
+@pytest.fixture(autouse=True)
+def close_rigs() -> Iterator[None]:
+    yield
+    while Rig.made:
+        Rig.made.pop().src.close()
 
 
 def labels(gpu: FakeGpu, index: int, *, mig: str = "", name: str = "", uuid: str = "", engine="", model="") -> dict:
@@ -135,7 +151,7 @@ def test_an_a100_without_gpm_exports_what_nvml_reports() -> None:
     assert value(samples, "batchlens_gpu_ecc_errors_total", {**lbl, "type": "uncorrected"}) == 1
     info = {**lbl, "architecture": "ampere", "bandwidth_basis": "bus", "mig_mode": "disabled"}
     assert value(samples, "batchlens_gpu_info", info) == 1
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "0", "uuid": gpu.uuid}) == 1
+    assert value(samples, "batchlens_source_up", up_labels(gpu, 0)) == 1
     assert value(samples, "batchlens_nvml_info", {"driver_version": "570.86.15", "nvml_version": "12.570.86.15"}) == 1
     # No GPM before Hopper: neither a bandwidth ratio nor an estimate from one.
     assert not names(samples) & {
@@ -306,21 +322,23 @@ def test_on_a_headless_node_vllms_gpu_processes_are_the_engines_and_each_gpu_wea
 
 
 @pytest.mark.parametrize("failure", [pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN])
-def test_a_gpu_lost_mid_run_goes_down_alone_and_comes_back(failure: int) -> None:
+def test_a_gpu_lost_mid_run_goes_down_alone_names_its_engine_and_comes_back(failure: int) -> None:
     gpus = [h100_sxm(0, util_gpu=50), h100_sxm(1, util_gpu=60)]
-    rig = Rig(gpus)
+    rig = Rig(gpus, [Engine(name="deepseek", url="http://10.0.0.9:8000", gpus=[1])])
     rig.scrape()
     gpus[1].failure = failure
     assert [reason for reason, _ in rig.sample().soft_errors] == ["gpu_lost"]
     samples = rig.scrape()
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid}) == 0
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "0", "uuid": gpus[0].uuid}) == 1
+    # The lost GPU's engine, from its last reading: the page says whose P99 is about to suffer.
+    lost = {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid, "vllm_instance": "deepseek"}
+    assert value(samples, "batchlens_source_up", lost) == 0
+    assert value(samples, "batchlens_source_up", {**up_labels(gpus[0], 0)}) == 1
     assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[0], 0)) == 0.5
     assert not any(dict(k).get("gpu") == "1" for name, k in samples if name != "batchlens_source_up")
     gpus[1].failure = None
     samples = rig.scrape()
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid}) == 1
-    assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1)) == 0.6
+    assert value(samples, "batchlens_source_up", lost) == 1
+    assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1, engine="deepseek")) == 0.6
 
 
 @pytest.mark.parametrize("call", ["nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses_v3"])
@@ -341,7 +359,7 @@ def test_an_exception_outside_nvml_on_one_gpu_takes_that_gpu_down_alone(call: st
     with caplog.at_level(logging.ERROR, "batchlens"):
         assert [reason for reason, _ in rig.sample().soft_errors] == ["gpu_error"]
         samples = rig.scrape()
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": gpus[1].uuid}) == 0
+    assert value(samples, "batchlens_source_up", up_labels(gpus[1], 1)) == 0
     assert value(samples, "batchlens_gpu_sm_busy_ratio", labels(gpus[0], 0)) == 0.5
     assert not any(dict(k).get("gpu") == "1" for name, k in samples if name != "batchlens_source_up")
     assert [r.exc_info is not None for r in caplog.records] == [True], "the traceback, once, not every tick"
@@ -349,11 +367,15 @@ def test_an_exception_outside_nvml_on_one_gpu_takes_that_gpu_down_alone(call: st
     assert value(rig.scrape(), "batchlens_gpu_sm_busy_ratio", labels(gpus[1], 1)) == 0.6
 
 
+def up_labels(gpu: FakeGpu, index: int, engine: str = "") -> dict[str, str]:
+    return {"source": "nvml", "gpu": str(index), "uuid": gpu.uuid, "vllm_instance": engine}
+
+
 def test_a_gpu_lost_before_its_first_reading_is_down_without_a_uuid() -> None:
     gpus = [h100_sxm(0), h100_sxm(1, failure=pynvml.NVML_ERROR_GPU_IS_LOST)]
     samples = Rig(gpus).scrape()
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": ""}) == 0
-    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "0", "uuid": gpus[0].uuid}) == 1
+    assert value(samples, "batchlens_source_up", {"source": "nvml", "gpu": "1", "uuid": "", "vllm_instance": ""}) == 0
+    assert value(samples, "batchlens_source_up", up_labels(gpus[0], 0)) == 1
 
 
 def test_other_nvml_errors_are_counted_and_skip_only_that_value() -> None:
@@ -423,7 +445,14 @@ def test_a_driver_that_cannot_count_its_gpus_is_down_and_nvml_released() -> None
         rig.sample()
     assert raised.value.reason == "driver_not_loaded" and not rig.fake.initialized
     rig.fake.errors.clear()
-    assert value(rig.scrape(), "batchlens_source_up", {"source": "nvml", "gpu": "0", "uuid": rig.gpus[0].uuid}) == 1
+    assert (
+        value(
+            rig.scrape(),
+            "batchlens_source_up",
+            up_labels(rig.gpus[0], 0),
+        )
+        == 1
+    )
 
 
 def test_close_frees_gpm_samples_and_shuts_nvml_down() -> None:
@@ -471,6 +500,8 @@ def test_every_gpu_metric_is_documented() -> None:
         "batchlens_gpu_process_memory_bytes",
         "batchlens_gpu_pod_info",
         "batchlens_nvml_info",
+        "batchlens_gpu_xid_errors_total",
+        "batchlens_pci_nvidia_gpus",
     ]
     assert [name for name in documented if f"`{name}`" not in text] == []
 
@@ -546,3 +577,88 @@ def test_the_exporter_on_this_host_reports_nvml_as_the_real_library_finds_it(tmp
         assert not pick(samples, "batchlens_source_errors_total", source="nvml")
         assert not pick(samples, "batchlens_gpu_memory_total_bytes")
         assert log.count("no NVIDIA driver on this host") == 1, log
+
+
+def test_xids_are_counted_per_gpu_and_code_by_a_waiter_of_their_own() -> None:
+    """The known codes by number, the rest as ``other``; each labelled with the GPU and the engine it served,
+    a lost one's too (an Xid 79 is a GPU falling off the bus). Only the waiter thread ever waits on the set."""
+    gpus = [h100_sxm(0), h100_sxm(1)]
+    rig = Rig(gpus, [Engine(name="deepseek", url="http://10.0.0.9:8000", gpus=[0, 1])])
+    rig.scrape()
+    for index, code in ((1, 48), (1, 79), (1, 79), (0, 13), (0, 999)):
+        rig.fake.xid(index, code)
+    expected = {("1", "48"): 1, ("1", "79"): 2, ("0", "13"): 1, ("0", "other"): 1}
+    deadline = time.monotonic() + 10
+    while (counted := xids(rig.scrape())) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert counted == expected
+    gpus[1].failure = pynvml.NVML_ERROR_GPU_IS_LOST
+    [series] = pick(rig.scrape(), "batchlens_gpu_xid_errors_total", gpu="1", xid="79")
+    assert dict(series) == {"gpu": "1", "uuid": gpus[1].uuid, "vllm_instance": "deepseek", "xid": "79"}
+    assert rig.fake.waits_in == {"nvml-xid-events"}
+
+
+def xids(samples: Samples) -> dict[tuple[str, str], float]:
+    return {(dict(k)["gpu"], dict(k)["xid"]): v for k, v in pick(samples, "batchlens_gpu_xid_errors_total").items()}
+
+
+def test_a_gpu_without_xid_events_is_said_and_the_others_are_still_watched(caplog) -> None:
+    gpus = [t4(0, event_types=0), h100_sxm(1)]
+    with caplog.at_level(logging.WARNING, "batchlens.exporter"):
+        rig = Rig(gpus)
+        rig.scrape()
+    assert "GPU 0 delivers no Xid events" in caplog.text
+    rig.fake.xid(0, 79)  # registered nowhere: never delivered
+    rig.fake.xid(1, 79)
+    deadline = time.monotonic() + 10
+    while not xids(rig.scrape()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert xids(rig.scrape()) == {("1", "79"): 1}
+    assert not any(r.levelno >= logging.ERROR and "Traceback" in r.getMessage() for r in caplog.records)
+
+
+def test_remapped_rows_are_four_gauges_where_the_gpu_remaps_rows() -> None:
+    gpus = [h100_sxm(0, remapped_rows=(3, 1, 1, 0)), t4(1)]  # a T4 has no row remapping: NOT_SUPPORTED
+    samples = Rig(gpus).scrape()
+    remapped = {name: value(samples, name, labels(gpus[0], 0)) for name in (
+        "batchlens_gpu_remapped_rows_correctable", "batchlens_gpu_remapped_rows_uncorrectable",
+        "batchlens_gpu_row_remapping_pending", "batchlens_gpu_row_remapping_failed")}  # fmt: skip
+    assert list(remapped.values()) == [3, 1, 1, 0]
+    assert not pick(samples, "batchlens_gpu_row_remapping_pending", gpu="1")
+
+
+def test_a_driver_that_goes_away_mid_run_is_said_and_the_bus_still_counts_its_gpus(tmp_path, caplog) -> None:
+    """The driver unloaded under a running exporter: no GPU series, driver_present 0 beside the bus's count of
+    2 GPUs (a page: BatchlensGpuDriverGone), one error line; back with its GPUs when the driver is."""
+    gpus = [h100_sxm(0), h100_sxm(1)]
+    rig = Rig(gpus, sysfs=gpu_host(tmp_path, 2))
+    samples = rig.scrape()
+    assert (one(samples, "batchlens_nvml_driver_present"), one(samples, "batchlens_pci_nvidia_gpus")) == (1, 2)
+    rig.fake.unload()
+    with caplog.at_level(logging.WARNING, "batchlens.exporter"):
+        gone = [rig.scrape() for _ in range(3)]
+    for samples in gone:
+        assert (one(samples, "batchlens_nvml_driver_present"), one(samples, "batchlens_pci_nvidia_gpus")) == (0, 2)
+        assert not pick(samples, "batchlens_gpu_info")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "the NVIDIA driver went away" in said[0], said
+    rig.fake.load()
+    back = rig.scrape()
+    assert one(back, "batchlens_nvml_driver_present") == 1 and len(pick(back, "batchlens_gpu_info")) == 2
+
+
+def test_no_driver_on_a_node_whose_bus_holds_gpus_is_said_as_a_fault_not_as_a_cpu_host(tmp_path, caplog) -> None:
+    rig = Rig([], library=False, sysfs=gpu_host(tmp_path, 8))
+    with caplog.at_level(logging.WARNING, "batchlens.exporter"):
+        samples = rig.scrape()
+    assert (one(samples, "batchlens_nvml_driver_present"), one(samples, "batchlens_pci_nvidia_gpus")) == (0, 8)
+    [said] = caplog.records
+    assert said.levelno == logging.ERROR and "the PCI bus holds 8 NVIDIA GPUs" in said.getMessage()
+
+
+def test_the_bus_counts_nvidia_gpus_of_no_driver_or_nvidias_and_nothing_else(tmp_path) -> None:
+    bus = pci_bus(tmp_path, [(NVIDIA, GPU_3D, None), (NVIDIA, GPU_VGA, "nvidia"), (NVIDIA, GPU_3D, "vfio-pci"),
+                             (NVIDIA, BRIDGE, None), (INTEL, GPU_VGA, None)])  # fmt: skip
+    assert nvidia_gpus(bus) == 2  # the one passed through to a VM is not this host's to serve
+    assert nvidia_gpus(tmp_path / "nowhere") is None
+    assert nvidia_gpus(pci_bus(tmp_path / "cpu", [(INTEL, BRIDGE, None)])) == 0

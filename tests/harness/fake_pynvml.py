@@ -11,6 +11,12 @@ call ``NVMLError_NotSupported``, a lost GPU ``NVMLError_GpuIsLost``.
 GPM follows the real protocol: samples are opaque ctypes pointers, and
 ``nvmlGpmMetricsGet`` computes each metric from two samples' counters and the
 time between them (advance it with :meth:`FakeNvml.advance`).
+
+Events follow it too: an event set is an opaque ctypes pointer, a GPU delivers
+only the types it registered there, and ``nvmlEventSetWait`` blocks (really,
+on a condition) until :meth:`FakeNvml.xid` raises one or its timeout passes
+(``NVMLError_Timeout``). The driver can go away under a running program and
+come back (:meth:`FakeNvml.unload`, :meth:`FakeNvml.load`).
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import threading
 import time
 import types
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import pynvml as real
@@ -47,7 +54,7 @@ class FakeProcess:
     gpu_instance: int = NO_INSTANCE
 
 
-@dataclass
+@dataclass(eq=False)  # a device is itself: its handles hash by it, as the driver's pointers by address
 class FakeMig:
     gpu_instance: int
     uuid: str
@@ -59,7 +66,7 @@ class FakeMig:
     gpm_counters: Counter = field(default_factory=Counter)
 
 
-@dataclass
+@dataclass(eq=False)
 class FakeGpu:
     name: str
     uuid: str
@@ -103,12 +110,22 @@ class FakeGpu:
     nvlinks: list[bool] | None = None  # each link's state; None: no NVLink (NOT_SUPPORTED)
     numa_node: int | None = 0  # None: the driver cannot say (nvmlDeviceGetNumaNodeId is NOT_SUPPORTED)
     bus_id: str = "00000000:3B:00.0"
+    # (correctable, uncorrectable, pending, failure) as nvmlDeviceGetRemappedRows answers; None: NOT_SUPPORTED
+    remapped_rows: tuple[int, int, int, int] | None = None
+    event_types: int = real.nvmlEventTypeXidCriticalError  # what nvmlDeviceGetSupportedEventTypes answers
 
 
 @dataclass(frozen=True)
 class FakeHandle:
     gpu: FakeGpu
     mig: FakeMig | None = None
+
+
+@dataclass
+class FakeEventSet:
+    storage: object  # the struct the set's pointer points to, kept alive
+    registered: dict[str, int] = field(default_factory=dict)  # GPU uuid -> the event types it delivers here
+    ready: deque = field(default_factory=deque)  # (FakeGpu, event type, event data)
 
 
 @dataclass(frozen=True)
@@ -147,6 +164,10 @@ class FakeNvml:
         self.seconds_in_driver = 0.0
         self._gpm: dict[int, GpmData | None] = {}
         self._gpm_keep: dict[int, object] = {}
+        self.driver_loaded = True
+        self.waits_in: set[str] = set()  # the threads that waited on an event set, by name
+        self._event_sets: dict[int, FakeEventSet] = {}
+        self._events = threading.Condition()
 
     # -- what tests drive -------------------------------------------------
 
@@ -160,6 +181,22 @@ class FakeNvml:
                 for metric, percent in mig.gpm.items():
                     mig.gpm_counters[metric] += percent * seconds
 
+    def xid(self, index: int, code: int) -> None:
+        """GPU ``index`` reports Xid ``code``: every event set it registered Xid events in gets it."""
+        gpu = self.gpus[index]
+        with self._events:
+            for events in self._event_sets.values():
+                if events.registered.get(gpu.uuid, 0) & real.nvmlEventTypeXidCriticalError:
+                    events.ready.append((gpu, real.nvmlEventTypeXidCriticalError, code))
+            self._events.notify_all()
+
+    def unload(self) -> None:
+        """The driver goes away (unloaded, its container restarted): every call says so until :meth:`load`."""
+        self.driver_loaded = False
+
+    def load(self) -> None:
+        self.driver_loaded = True
+
     def module(self) -> types.ModuleType:
         """A ``pynvml`` module backed by this fake driver."""
         module = types.ModuleType("pynvml", "fake pynvml (tests/harness/fake_pynvml.py)")
@@ -167,7 +204,8 @@ class FakeNvml:
             if not inspect.isfunction(value):
                 setattr(module, name, value)  # constants, structs, NVMLError_* classes
         for name in FAKED:
-            setattr(module, name, self._timed(getattr(self, name)))
+            method = getattr(self, name)
+            setattr(module, name, method if name in UNTIMED else self._timed(method))
         return module
 
     def _timed(self, method):
@@ -183,6 +221,8 @@ class FakeNvml:
 
     def _enter(self, symbol: str, handle: FakeHandle | None = None) -> FakeHandle:
         self.calls[symbol] += 1
+        if not self.driver_loaded:
+            raise error(real.NVML_ERROR_DRIVER_NOT_LOADED)
         if not self.initialized:
             raise error(real.NVML_ERROR_UNINITIALIZED)
         if symbol in self.missing:
@@ -203,6 +243,8 @@ class FakeNvml:
     def nvmlInit(self):
         if not self.library:
             raise error(real.NVML_ERROR_LIBRARY_NOT_FOUND)
+        if not self.driver_loaded:
+            raise error(real.NVML_ERROR_DRIVER_NOT_LOADED)
         if "nvmlInit_v2" in self.errors:  # the driver is there but refuses (NO_PERMISSION, DRIVER_NOT_LOADED...)
             raise error(self.errors["nvmlInit_v2"])
         self.initialized = True
@@ -365,6 +407,56 @@ class FakeNvml:
         corrected = errorType == real.NVML_MEMORY_ERROR_TYPE_CORRECTED
         return gpu.ecc_corrected if corrected else gpu.ecc_uncorrected
 
+    def nvmlDeviceGetRemappedRows(self, device):
+        gpu = self._enter("nvmlDeviceGetRemappedRows", device).gpu
+        if gpu.remapped_rows is None:
+            raise error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle):
+        return self._enter("nvmlDeviceGetSupportedEventTypes", handle).gpu.event_types
+
+    def nvmlEventSetCreate(self):
+        self._enter("nvmlEventSetCreate")
+        storage = real.struct_c_nvmlEventSet_t()
+        self._event_sets[ctypes.addressof(storage)] = FakeEventSet(storage)
+        return real.c_nvmlEventSet_t(storage)
+
+    def _event_set(self, eventSet) -> FakeEventSet:
+        events = self._event_sets.get(ctypes.addressof(eventSet.contents))
+        if events is None:
+            raise error(real.NVML_ERROR_INVALID_ARGUMENT)  # not created, or freed
+        return events
+
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes, eventSet):
+        gpu = self._enter("nvmlDeviceRegisterEvents", handle).gpu
+        if eventTypes & ~gpu.event_types:
+            raise error(real.NVML_ERROR_NOT_SUPPORTED)
+        events = self._event_set(eventSet)
+        events.registered[gpu.uuid] = events.registered.get(gpu.uuid, 0) | eventTypes
+
+    def nvmlEventSetWait(self, eventSet, timeoutms):
+        self._enter("nvmlEventSetWait_v2")
+        self.waits_in.add(threading.current_thread().name)
+        events = self._event_set(eventSet)
+        with self._events:
+            self._events.wait_for(lambda: events.ready, timeout=timeoutms / 1000)
+            if not events.ready:
+                raise error(real.NVML_ERROR_TIMEOUT)
+            gpu, event_type, data = events.ready.popleft()
+        if gpu.failure is not None:
+            raise error(gpu.failure)
+        data = real.c_nvmlEventData_t(eventType=event_type, eventData=data, gpuInstanceId=NO_INSTANCE,
+                                      computeInstanceId=NO_INSTANCE)  # fmt: skip
+        event = real.nvmlStructToFriendlyObject(data)
+        event.device = FakeHandle(gpu)  # the fake's handles are objects, not the driver's pointers
+        return event
+
+    def nvmlEventSetFree(self, eventSet):
+        self._enter("nvmlEventSetFree")
+        self._event_set(eventSet)
+        del self._event_sets[ctypes.addressof(eventSet.contents)]
+
     def nvmlDeviceGetMigMode(self, device):
         gpu = self._enter("nvmlDeviceGetMigMode", device).gpu
         if gpu.mig is None:
@@ -473,13 +565,15 @@ class FakeNvml:
 
 
 FAKED = tuple(name for name in vars(FakeNvml) if name.startswith("nvml"))
+UNTIMED = ("nvmlEventSetWait",)  # the Xid waiter's idle, not time a tick spends in the driver
 
 
 # -- GPUs as the driver describes them (names, bus widths and clocks of real boards) --
 
 
 # NVLink, ECC on, MIG-capable (disabled): what A100s and H100s share.
-DATACENTER = dict(nvlink_tx_kib=0, nvlink_rx_kib=0, nvlinks=[True] * 12, ecc_enabled=True, mig=[])
+DATACENTER = dict(nvlink_tx_kib=0, nvlink_rx_kib=0, nvlinks=[True] * 12, ecc_enabled=True, mig=[],
+                  remapped_rows=(0, 0, 0, 0))  # fmt: skip
 
 
 def _board(short: str, index: int, overrides: dict, **spec) -> FakeGpu:

@@ -15,8 +15,9 @@ from harness.prometheus import PrometheusServer
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "batchlens.rules.yml"
 ALERTS = ROOT / "alerts" / "batchlens.alerts.yml"
-# Alert inputs no CPU server can give: NVML's GPU series, and the remediation hook's own breaker state.
-NEEDS_OTHER_SOURCES = re.compile(r"gpu|breaker_|remediation|batchlens_routing_")
+# Alert inputs no CPU server can give: NVML's GPU series (and its driver's), and the remediation hook's own
+# breaker state.
+NEEDS_OTHER_SOURCES = re.compile(r"gpu|nvml|breaker_|remediation|batchlens_routing_")
 #: vLLM's admission counter came with its queued caps (0.29). Before, the plugin's door counts under the same name,
 #: but captures taken before the door (tests/data/releases) lack it: rules over it are empty there.
 NEEDS_QUEUED_CAPS = re.compile(r"admission_rejections")

@@ -262,6 +262,10 @@ class Exporter(_Section):
         "named as the head's exporter names it; this node's vLLM GPU processes are mapped to it and each GPU to "
         "its DP rank, by the processes' titles",
     )  # fmt: skip
+    sysfs_path: str = Field(
+        "/sys", description="the host's sysfs, where the PCI bus tells a GPU node whose driver is gone from a CPU "
+        "node (batchlens_pci_nvidia_gpus); a container sees the host's bus at /sys",
+    )  # fmt: skip
 
 
 class Thresholds(_Section):

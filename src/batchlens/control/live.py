@@ -112,6 +112,9 @@ class Controller:
         self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
         self._dry_run_said: dict[str, int | None] = {}  # instance -> the cap a dry run last said it would set
         self._behind_said: dict[str, list[int]] = {}  # instance -> its API servers without the caps, last said
+        #: instance -> what ails a GPU of it (remediation.confirm.fault_text), as the hook last asked Prometheus
+        self.gpu_faults: dict[str, str] = {}
+        self._fault_said: dict[str, str] = {}
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open
@@ -197,12 +200,20 @@ class Controller:
             log.log(logging.WARNING if clamped else logging.INFO, "%s: the controller uses %s", name, said)
         signals = self._remember(name, sample)
         before, breaker = self.states[name], breakers[name]  # the breaker as it is now, after the reads
+        fault = self.gpu_faults.get(name, "")
+        if fault != self._fault_said.get(name, ""):
+            if fault:
+                log.warning("%s: a GPU of it is failing (%s): the controller holds the limit and learns nothing "
+                            "from its windows until the GPU alerts clear", name, fault)  # fmt: skip
+            else:
+                log.info("%s: its GPU alerts cleared: steering resumes", name)
+            self._fault_said[name] = fault
         # Limits the hook set or is setting right now (a PUT may land between our read and its bookkeeping).
         ours = {breaker.applied_limit, breaker.target_limit, before.limit}
         result = steer(
             before, now=now, in_force=batch.max_num_active_seqs, set_by_batchlens=ours,
             breaker_open=holds(breaker), signals=signals, slo=self.slo, control=self.control,
-            capacity=batch.max_num_seqs, door=self._door_works(name),
+            capacity=batch.max_num_seqs, door=self._door_works(name), gpu_fault=bool(fault),
         )  # fmt: skip
         self.decisions[(name, result.reason)] += 1
         # In force in memory before the log says so: a scrape between the two must not miss the target.

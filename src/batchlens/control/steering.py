@@ -29,7 +29,7 @@ from batchlens.control.signals import Window
 from batchlens.goodput import Slo
 
 #: Reasons a tick decides nothing of the law's own, as metric labels (besides the law's reasons).
-LIVE_REASONS = ("manual_hold", "breaker_open", "no_signal", "warming_up", "out_of_bounds")
+LIVE_REASONS = ("manual_hold", "breaker_open", "gpu_fault", "no_signal", "warming_up", "out_of_bounds")
 MODEL_SAVE_SECONDS = 30.0  # the capacity model alone changed: saved at most this often (a store write per tick else)
 
 
@@ -150,9 +150,11 @@ def steer(
     control: Control,
     capacity: int,
     door: bool = False,
+    gpu_fault: bool = False,
 ) -> Tick:
     """``in_force``: the limit the admin API reports; ``set_by_batchlens``: the limits the hook put or is putting;
-    ``door``: batchlens keeps a queued-token cap on the engine (Controller._door_works)."""
+    ``door``: batchlens keeps a queued-token cap on the engine (Controller._door_works); ``gpu_fault``: a GPU of
+    the engine is failing (gpu_faults.GPU_FAULT_ALERTS fire or are pending for it)."""
     bounds = tuning(control, capacity, door)
     if state.limit is None:  # the first tick: from the configured start, or from where the engine is
         start = in_force if control.start_limit is None else control.start_limit
@@ -172,6 +174,10 @@ def steer(
         # A hand's limit once its hold is over, or a store from before the bounds changed: the law answers only
         # within them, so the limit comes within them first (the breaker's own cut is the breaker's to lift).
         return Tick(state.with_limit(bounds.clamp(state.limit)), "out_of_bounds", event)
+    if gpu_fault:
+        # A window of a failing GPU shows the GPU, not the batch: no move, and nothing learned from it (a peak
+        # "past" there would hold the limit down long after the GPU was replaced).
+        return Tick(state, "gpu_fault", event)
     if signals is None:
         return Tick(state, "warming_up", event)
     decision = decide(state.law, signals, now, slo, bounds)

@@ -7,15 +7,20 @@ right (throughput), then up (latency) and red (memory), and the knee is where
 to stop. The three measures come as table-format queries; Grafana merges them
 into rows on (Time, vllm_instance, model_name), renames the value columns and
 partitions the rows by vllm_instance, one series per engine.
+
+Under the P99, each engine's GPU health (lost GPUs, Xids, clocks held down, rows to remap): a breach whose
+cause is a failing GPU shows its cause on the same screen.
 """
 
 from __future__ import annotations
 
-from grafanalib.core import Table
+from grafanalib.core import Table, TimeSeries
 
 from batchlens.config import Thresholds
-from batchlens.dashboards.kit import DATASOURCE, SEL, dashboard, joined, place, stat, timeseries
+from batchlens.dashboards.kit import DATASOURCE, INSTANCE, SEL, dashboard, joined, place, stat, timeseries
 from batchlens.dashboards.panels import XYChart
+from batchlens.gpu_faults import GPU_FAULT_ALERTS as GPU_ALERTS
+from batchlens.gpu_faults import THROTTLE_REASONS
 from batchlens.rules.recording import LATENCIES, LEVEL, operating_point_measures
 
 THROUGHPUT, P99, MEMORY_BUSY, SM_BUSY = "Throughput", "P99", "Memory busy", "SM busy"
@@ -64,6 +69,31 @@ def operating_point_table(thresholds: Thresholds) -> Table:
     )
 
 
+def gpu_health() -> list[tuple[TimeSeries, int]]:
+    """The GPUs' health per engine, under its P99: a breach with a failing GPU is the GPU's (runbooks BatchlensGpu*)."""
+    return [
+        (timeseries("GPU alerts", (f"count by (cluster, vllm_instance, alertname) (ALERTS{{alertname=~"
+                                   f'"{"|".join(GPU_ALERTS)}", alertstate="firing", {INSTANCE}}})',
+                                   "{{vllm_instance}} {{alertname}}"),
+                    description="The alerts of a failing GPU, firing, per engine: while one fires, the hook does not "
+                                "halve the batch for a P99 breach and the controller holds the limit."), 6),
+        (timeseries("GPUs lost", (f'1 - batchlens_source_up{{source="nvml", gpu!="", {INSTANCE}}} == 1',
+                                  "{{vllm_instance}} GPU {{gpu}}"),
+                    description="1 while NVML answers GpuIsLost for the GPU; named with the engine it served."), 6),
+        (timeseries("Xids in the last hour", (f"sum by (cluster, vllm_instance, gpu, xid) "
+                                              f"(increase(batchlens_gpu_xid_errors_total{{{INSTANCE}}}[1h]))",
+                                              "{{vllm_instance}} GPU {{gpu}} Xid {{xid}}"),
+                    description="The driver's Xid errors by code (the known ones by number, the rest as other)."), 6),
+        (timeseries("Clocks held down, rows to remap",
+                    (f'batchlens_gpu_clock_event_active{{reason=~"{THROTTLE_REASONS}", {INSTANCE}}} == 1',
+                     "{{vllm_instance}} GPU {{gpu}} {{reason}}"),
+                    *((f"batchlens_gpu_row_remapping_{state}{{{INSTANCE}}} == 1",
+                       f"{{{{vllm_instance}}}} GPU {{{{gpu}}}} remap {state}") for state in ("pending", "failed")),
+                    description="A GPU slowing itself down (heat, power, a hardware signal), and memory rows waiting "
+                                "for a reset to be remapped or out of spares."), 6),
+    ]  # fmt: skip
+
+
 def overview(thresholds: Thresholds) -> dict:
     throughput, p99, memory = operating_point_measures(thresholds)
     latency = LATENCIES[thresholds.p99_latency][0].removeprefix("vllm:")
@@ -98,6 +128,7 @@ def overview(thresholds: Thresholds) -> dict:
                                 unit="percentunit", threshold=thresholds.bandwidth_ratio), 8),
                 ],
             ),
+            (8, gpu_health()),
             (8, [(operating_point_table(thresholds), 24)]),
         ]
     )  # fmt: skip

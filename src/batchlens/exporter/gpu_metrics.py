@@ -117,7 +117,34 @@ GPU_METRICS: tuple[MetricSpec, ...] = (
         "batchlens_gpu_nvlink_receive_bytes_total",
         "Data bytes received over all NVLinks (NVML field NVLINK_THROUGHPUT).",
     ),
+    _gauge(
+        "batchlens_gpu_remapped_rows_correctable",
+        "Memory rows remapped for correctable errors since the GPU was made (NVML remapped rows, Ampere+).",
+    ),
+    _gauge(
+        "batchlens_gpu_remapped_rows_uncorrectable",
+        "Memory rows remapped for uncorrectable errors since the GPU was made (NVML remapped rows, Ampere+).",
+    ),
+    _gauge(
+        "batchlens_gpu_row_remapping_pending",
+        "1 while a row remapping waits for the GPU's next reset to take effect (NVML remapped rows).",
+    ),
+    _gauge(
+        "batchlens_gpu_row_remapping_failed",
+        "1 once a row could not be remapped: the GPU is out of spare rows (NVML remapped rows).",
+    ),
 )
+
+
+def remapped_rows(correctable: int, uncorrectable: int, pending: int, failed: int) -> dict[str, float]:
+    """nvmlDeviceGetRemappedRows's answer as the four gauges (pending and failed as 0 or 1)."""
+    return {
+        "batchlens_gpu_remapped_rows_correctable": correctable,
+        "batchlens_gpu_remapped_rows_uncorrectable": uncorrectable,
+        "batchlens_gpu_row_remapping_pending": 1.0 if pending else 0.0,
+        "batchlens_gpu_row_remapping_failed": 1.0 if failed else 0.0,
+    }
+
 
 #: NVML's clock event (throttle) reason flags, a stable part of its ABI.
 CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
@@ -170,6 +197,7 @@ def gpu_families(
     source: str = "nvml",
     pods: Mapping[GpuDevice, Sequence[tuple[str, str, str]]] | None = None,
     ranks: Mapping[GpuDevice, str] | None = None,
+    xids: Sequence[tuple[Mapping[str, str], float]] = (),
 ) -> list[Metric]:
     """The NVML source's families.
 
@@ -179,6 +207,8 @@ def gpu_families(
     to its model; ``process_engines`` maps a compute process to its engine.
     ``pods`` (on Kubernetes) maps a device to the (namespace, pod, container) holding it, first first.
     ``ranks`` maps a device to the data-parallel rank of the engine core on it: its series carry ``dp_rank``.
+    ``engines`` names a ``down`` GPU's engine too (the one it last served), on its up series.
+    ``xids``: each (GPU, Xid label)'s labels and count (xid_events.py).
     """
     labelled = []
     for r in readings:
@@ -189,14 +219,13 @@ def gpu_families(
             labels["dp_rank"] = rank
         labelled.append((labels, r))
     metrics = [
-        # Up per physical GPU, beside the source's own series: a lost GPU leaves the others alone.
+        # Up per physical GPU, beside the source's own series: a lost GPU leaves the others alone, and names the
+        # engine it served (the page says whose P99 it is about to hurt).
         source_up(
             [
-                ({"source": source, "gpu": str(r.device.index), "uuid": r.device.uuid}, 1)
-                for r in readings
-                if not r.device.is_mig
+                ({"source": source, "gpu": str(d.index), "uuid": d.uuid, "vllm_instance": engines.get(d, "")}, up)
+                for d, up in [(r.device, 1) for r in readings if not r.device.is_mig] + [(d, 0) for d in down]
             ]
-            + [({"source": source, "gpu": str(d.index), "uuid": d.uuid}, 0) for d in down]
         ),
         fam.gauge(
             "batchlens_gpu_info",
@@ -228,6 +257,15 @@ def gpu_families(
     if ecc:
         metrics.append(
             fam.counter("batchlens_gpu_ecc_errors_total", "ECC errors since the driver loaded (volatile).", ecc)
+        )
+    if xids:
+        metrics.append(
+            fam.counter(
+                "batchlens_gpu_xid_errors_total",
+                "Xid errors NVML reported for this GPU since the exporter started, by code (the known codes by "
+                "number, the rest as 'other').",
+                xids,
+            )
         )
     if pods is not None:
         holders = [

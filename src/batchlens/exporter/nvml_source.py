@@ -10,15 +10,23 @@ NVML's errors follow one policy, in :class:`NvmlCalls`:
   asked again; where an older call does the same job, that one is used.
 - ``NotFound``: nothing there (an empty MIG slot). Not an error.
 - ``GpuIsLost`` and ``Unknown``: the GPU is gone. Its series drop and its
-  ``batchlens_source_up{gpu=...}`` turns 0; the other GPUs carry on. It is
-  tried again every tick.
+  ``batchlens_source_up{gpu=...}`` turns 0, still labelled with the engine it
+  served (the alert BatchlensGpuLost); the other GPUs carry on. It is tried
+  again every tick.
+- ``DriverNotLoaded`` on a running source: the driver went away (unloaded, or
+  its container restarted). NVML is let go, and the source reports no driver
+  (``batchlens_nvml_driver_present 0``) until one answers again. Whether this
+  host has GPUs at all is the PCI bus's answer, read from sysfs
+  (``batchlens_pci_nvidia_gpus``): a host with GPUs and no driver is a page
+  (BatchlensGpuDriverGone), a CPU host is not.
 - an exception that is no NVMLError at all (a binding's ctypes or decode
   error) on one GPU: that GPU is down for the tick, as if lost, with the
   traceback logged once (``gpu_error``); the other GPUs carry on.
 - anything else (``NoPermission``, ``Timeout``...): counted as a soft error,
   and the value is skipped this tick.
 
-Nothing here waits. GPM metrics compare this tick's sample with the previous
+Xid errors come from NVML's event API, through a thread of their own
+(xid_events.py). Nothing else here waits. GPM metrics compare this tick's sample with the previous
 tick's, so a scrape never sleeps, and the blocking PCIe throughput call
 (which sleeps 20 ms) is never used: PCIe and NVLink bytes are counters.
 """
@@ -32,6 +40,7 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -58,12 +67,15 @@ from batchlens.exporter.gpu_metrics import (
     GpuProcess,
     GpuReading,
     gpu_families,
+    remapped_rows,
 )
 from batchlens.exporter.kubelet.client import PodResourcesClient, PodResourcesError
 from batchlens.exporter.kubelet.holders import PodRef, device_holders, holders
+from batchlens.exporter.pci_bus import nvidia_gpus
 from batchlens.exporter.processes import ServerPids, lineage, titles
 from batchlens.exporter.sampler import SourceError
 from batchlens.exporter.snapshot import Reading
+from batchlens.exporter.xid_events import XidWaiter
 
 log = logging.getLogger("batchlens.exporter")
 
@@ -105,6 +117,10 @@ class GpuLost(Exception):
     """NVML says the GPU is gone (GpuIsLost) or failed without a reason (Unknown)."""
 
 
+class DriverGone(Exception):
+    """NVML, initialised, now says no driver is loaded: the driver went away under a running source."""
+
+
 class NvmlCalls:
     """Every NVML call goes through here, so that its errors follow one policy (see the module doc)."""
 
@@ -138,6 +154,8 @@ class NvmlCalls:
             pass
         except self._lost as exc:
             raise GpuLost(f"{name}: {exc}") from None
+        except n.NVMLError_DriverNotLoaded as exc:
+            raise DriverGone(f"{name}: {exc}") from None
         except n.NVMLError as exc:
             self.soft[error_reason(exc)] = f"{scope}: {name} failed: {exc}"
         return None
@@ -241,6 +259,15 @@ def _driver_present(present: bool) -> Metric:
     return fam.gauge("batchlens_nvml_driver_present", doc, [({}, 1.0 if present else 0.0)])
 
 
+def _bus(sysfs: Path) -> list[Metric]:
+    """The PCI bus's count of NVIDIA GPUs; nothing where sysfs cannot be read (the alert then cannot tell)."""
+    count = nvidia_gpus(sysfs)
+    if count is None:
+        return []
+    doc = "NVIDIA GPUs on this host's PCI bus (sysfs), whether or not a driver answers for them."
+    return [fam.gauge("batchlens_pci_nvidia_gpus", doc, [({}, count)])]
+
+
 class NvmlSource:
     kind = "nvml"
     labels: tuple[tuple[str, str], ...] = ()
@@ -255,9 +282,11 @@ class NvmlSource:
         pod_resources: PodResourcesClient | None = None,
         names: Callable[[], Collection[str]] | None = None,
         headless_engine: str = "",
+        sysfs: Path = Path("/sys"),
     ):
         """``names`` gives the engine names in force (discovery changes them); default: ``engines``'.
-        ``headless_engine``: on a ``--headless`` node, the engine its vLLM processes serve (no server here)."""
+        ``headless_engine``: on a ``--headless`` node, the engine its vLLM processes serve (no server here).
+        ``sysfs``: where the host's PCI bus is read (pci_bus.py)."""
         if nvml is None:
             import pynvml as nvml
         self._nvml = nvml
@@ -274,7 +303,11 @@ class NvmlSource:
         self._lineages: dict[int, tuple[int, ...]] = {}
         self._titles: dict[int, tuple[str, ...]] = {}  # pid -> the titles of its lineage, nearest first
         self._headless = headless_engine
+        self._sysfs = sysfs
         self._gpus: list[Gpu] | None = None
+        self._xids: XidWaiter | None = None
+        # The engine each GPU last served: a lost GPU and its Xids still name it (whole GPUs, by index).
+        self._served: dict[int, str] = {}
         self._driver: dict[str, str] = {}
         self._static_checked = False
         self._said_no_driver = False
@@ -286,9 +319,27 @@ class NvmlSource:
 
     def sample_now(self, models: Mapping[str, str]) -> Reading:
         """One tick, blocking: NVML calls go to the driver."""
-        gpus = self._open()
-        if gpus is NO_DRIVER:
-            return Reading(metrics=(_driver_present(False),))
+        try:
+            gpus = self._open()
+            if gpus is not NO_DRIVER:
+                return self._sample(gpus, models)
+        except DriverGone as exc:
+            self._let_go(exc)
+        return Reading(metrics=(_driver_present(False), *_bus(self._sysfs)))
+
+    def _let_go(self, exc: DriverGone) -> None:
+        """The driver went away under us: NVML's state is let go (its calls would only fail), to start afresh."""
+        log.error("nvml: the NVIDIA driver went away (%s): no GPU metrics until it answers again; "
+                  "batchlens_nvml_driver_present is 0", exc)  # fmt: skip
+        if self._xids is not None:
+            self._xids.close()
+            self._xids = None
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+        self._gpus = None
+        self._said_no_driver = True  # not "a host without a driver": this one had one, and the log said so
+
+    def _sample(self, gpus: list[Gpu], models: Mapping[str, str]) -> Reading:
         self._calls.soft.clear()
         readings: list[GpuReading] = []
         processes: list[GpuProcess] = []
@@ -298,6 +349,8 @@ class NvmlSource:
         for gpu in gpus:
             try:  # both or neither: a GPU that is down must have no series
                 read, running = self._read(gpu), self._processes(gpu)
+            except DriverGone:
+                raise  # not this GPU's: the whole driver's
             except GpuLost as exc:
                 gpu.reset_gpm()
                 down.append(gpu.device)
@@ -325,21 +378,38 @@ class NvmlSource:
         pods = self._holders(devices)
         pod_engines = {d: engine for d, refs in (pods or {}).items() if (engine := next(self._engines_of(refs), None))}
         instance = self._instances.get
-        engines = assign_engines(devices, processes, own, self._static, pod_engines)
+        engines = {device: instance(name, name) for device, name in
+                   assign_engines(devices, processes, own, self._static, pod_engines).items()}  # fmt: skip
+        self._served.update({d.index: engines.get(d, "") for d in devices if not d.is_mig})
+        engines.update({d: self._served.get(d.index, "") for d in down})
         owners = process_owners(processes, own, devices, self._static)
         metrics = gpu_families(
             readings,
             down,
-            {device: instance(name, name) for device, name in engines.items()},
+            engines,
             models,
             processes,
             {pid: instance(name, name) for pid, name in owners.items()},
             pods=pods,
             ranks=device_ranks(devices, processes, ranks),
+            xids=self._xid_counts(gpus),
         )
         metrics.append(fam.info("batchlens_nvml_info", "The NVIDIA driver and NVML library versions.", self._driver))
         metrics.append(_driver_present(True))
+        metrics += _bus(self._sysfs)
         return Reading(metrics=tuple(metrics), soft_errors=tuple(self._calls.soft.items()))
+
+    def _xid_counts(self, gpus: Sequence[Gpu]) -> list[tuple[dict[str, str], int]]:
+        """The Xid counts, labelled with their GPU and the engine it serves or last served."""
+        if self._xids is None:
+            return []
+        device = {gpu.index: gpu.device for gpu in gpus}
+        rows = []
+        for (index, xid), count in sorted(self._xids.counts().items()):
+            uuid = device[index].uuid if index in device else ""
+            gpu = str(index) if index >= 0 else ""
+            rows.append(({"gpu": gpu, "uuid": uuid, "vllm_instance": self._served.get(index, ""), "xid": xid}, count))
+        return rows
 
     def _holders(self, devices: Sequence[GpuDevice]) -> dict[GpuDevice, list[PodRef]] | None:
         """device -> the pods holding it, from the kubelet; None when not asked, {} when it failed (counted)."""
@@ -378,6 +448,9 @@ class NvmlSource:
     def close(self) -> None:
         if self._pod_resources is not None:
             self._pod_resources.close()
+        if self._xids is not None:
+            self._xids.close()
+            self._xids = None
         if self._gpus is None:
             return
         for gpu in self._gpus:
@@ -404,8 +477,12 @@ class NvmlSource:
             n.nvmlInit()
         except (n.NVMLError_LibraryNotFound, n.NVMLError_DriverNotLoaded) as exc:
             if not self._said_no_driver:
-                log.warning("nvml: no NVIDIA driver on this host (%s): no GPU metrics; set exporter.nvml: false "
-                            "to skip NVML on hosts without GPUs", exc)  # fmt: skip
+                if gpus := nvidia_gpus(self._sysfs):  # a GPU node whose driver is not loaded: a fault, not a state
+                    log.error("nvml: no NVIDIA driver answers (%s), yet the PCI bus holds %d NVIDIA GPUs: the driver "
+                              "is not loaded (BatchlensGpuDriverGone pages)", exc, gpus)  # fmt: skip
+                else:
+                    log.warning("nvml: no NVIDIA driver on this host (%s): no GPU metrics; set exporter.nvml: false "
+                                "to skip NVML on hosts without GPUs", exc)  # fmt: skip
                 self._said_no_driver = True
             return NO_DRIVER
         except n.NVMLError as exc:
@@ -429,7 +506,19 @@ class NvmlSource:
         }
         self._gpus = [Gpu(i) for i in range(count)]
         log.info("nvml: driver %s, %d GPUs", self._driver["driver_version"] or "unknown", count)
+        self._xids = self._watch_xids(count)
         return self._gpus
+
+    def _watch_xids(self, count: int) -> XidWaiter | None:
+        """The Xid waiter over every GPU that gives a handle now (a GPU lost at the start is not watched)."""
+        n, handles = self._nvml, []
+        for index in range(count):
+            try:
+                handles.append((index, n.nvmlDeviceGetHandleByIndex(index)))
+            except n.NVMLError as exc:
+                log.warning("nvml: GPU %d gives no handle (%s): its Xids are not watched", index, exc)
+        waiter = XidWaiter(n, handles)
+        return waiter if waiter.start() else None
 
     def _discover(self, gpu: Gpu) -> None:
         """The facts of a GPU that never change, read on its first good tick."""
@@ -498,6 +587,9 @@ class NvmlSource:
             (n.nvmlDeviceGetCurrentClocksEventReasons, (h,), None),
             (n.nvmlDeviceGetCurrentClocksThrottleReasons, (h,), None),
         )
+        rows = c.get(scope, n.nvmlDeviceGetRemappedRows, h)  # Ampere and newer: how memory faults show first
+        if rows is not None:
+            values.update(remapped_rows(*rows))
         mig = c.get(scope, n.nvmlDeviceGetMigMode, h)
         mig_enabled = mig is not None and mig[0] == n.NVML_DEVICE_MIG_ENABLE
         info = {**gpu.info, "mig_mode": "unsupported" if mig is None else ("enabled" if mig_enabled else "disabled")}

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -120,6 +121,7 @@ class Exporter:
             pod_resources=self._kubelet,
             names=self._engines.keys,
             headless_engine=self.config.exporter.headless_engine,
+            sysfs=Path(self.config.exporter.sysfs_path),
         )
         sources.append(self._nvml)
         return sources

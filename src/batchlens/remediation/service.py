@@ -49,7 +49,7 @@ from batchlens.remediation.breaker import (
     on_tick,
     without_future_times,
 )
-from batchlens.remediation.confirm import Confirmer
+from batchlens.remediation.confirm import Confirmer, fault_text
 from batchlens.remediation.store import Delivery, InboxFull, Store
 from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, MAX_FUTURE_SECONDS, WebhookPayload, deliveries
 
@@ -77,13 +77,14 @@ class Backoff:
 
 
 #: Per engine pass, what Prometheus answered for each alert name: firing or not, or why it could not tell.
-Asked = dict[str, "bool | PrometheusError"]
+Asked = dict[str, "bool | str | PrometheusError"]
+GPU_FAULTS = "gpu_faults"  # the key of the GPU question in a pass's Asked (alert names are the others)
 
 
 @dataclass(frozen=True)
 class Page:
     instance: str
-    reason: str  # cold_start | capacity | unconfirmed
+    reason: str  # cold_start | capacity | unconfirmed | gpu_fault
     text: str
     resolve: bool = False
 
@@ -117,7 +118,7 @@ class Remediator:
         self._apply_backoff: dict[str, Backoff] = {}
         self._observe_backoff: dict[str, Backoff] = {}
         self._confirm_backoff: dict[str, Backoff] = {}
-        self._unconfirmed_paged_at: dict[str, float] = {}
+        self._paged_at: dict[tuple[str, str], float] = {}  # (engine, reason) -> its last page of a refusal
         self._passes: dict[str, asyncio.Task] = {}  # each engine's pass in flight (step)
         self._joined: dict[str, float] = {}  # when each engine joined: its breaker's silence counts from there
         self._rejoining: set[str] = set()  # pods recreated under their names, between leaving and joining again
@@ -137,6 +138,8 @@ class Remediator:
         enabled = config.control.enabled
         self.controller = Controller(config, store, self.admins, self.wake.set, clock) if enabled else None
         self._quiet = min(1.0, config.control.interval_seconds) if self.controller else 1.0
+        self._gpus_due, self._gpus_asking = 0.0, None  # the controller's question about every engine's GPUs
+        self._gpus_failed = ""
 
     # --- the webhook's part: fast, no network ------------------------------------------------------------
 
@@ -240,6 +243,9 @@ class Remediator:
                 await asyncio.wait_for(self.wake.wait(), timeout=self._quiet)
         await self.settle(cancel=True)  # a hanging engine's pass: what it decided is saved, a PUT is retried
         await self._send_pages(last=True)  # what the last passes decided
+        if self._gpus_asking is not None:
+            self._gpus_asking.cancel()
+            await asyncio.gather(self._gpus_asking, return_exceptions=True)
         if self.controller is not None:
             await self.controller.close()
 
@@ -282,8 +288,33 @@ class Remediator:
                 self._passes[name] = task
                 task.add_done_callback(lambda t, name=name: self._pass_done(name, t))
         if self.controller is not None:
+            self._watch_gpus()
             self.controller.tick(self.clock(), self.states)
         await self._send_pages()
+
+    def _watch_gpus(self) -> None:
+        """Once a control interval, ask Prometheus which engines have a failing GPU, for the controller (which
+        then holds their limits); one question for every engine, in the background: a slow Prometheus delays no
+        tick."""
+        now = self.clock()
+        if self.confirmer is None or self._gpus_asking is not None or now < self._gpus_due:
+            return
+        self._gpus_due = now + self.controller.control.interval_seconds
+        self._gpus_asking = asyncio.create_task(self._ask_gpus(), name="remediate-gpu-faults")
+
+    async def _ask_gpus(self) -> None:
+        try:
+            faults = await self.confirmer.gpu_faults()
+        except PrometheusError as exc:
+            # The last answer stands: a failing GPU stays held through a Prometheus blip, a healthy one steered.
+            if str(exc) != self._gpus_failed:
+                log.warning("cannot ask Prometheus about the engines' GPUs (%s): the last answer stands", exc)
+                self._gpus_failed = str(exc)
+            return
+        finally:
+            self._gpus_asking = None
+        self._gpus_failed = ""
+        self.controller.gpu_faults = {n: fault_text(series) for n, series in faults.items() if n in self.engines}
 
     async def settle(self, *, cancel: bool = False) -> None:
         """Wait for the engines' passes in flight; with ``cancel``, end them first (at shutdown)."""
@@ -323,6 +354,8 @@ class Remediator:
         refused = await self._refusal(delivery, asked)
         if refused is None:
             return False
+        if not refused and delivery.alertname == BREAKER_ALERT and delivery.status == "firing":
+            refused = await self._gpu_cause(delivery, asked)
         if refused or delivery.alertname == KV_ALERT:
             outcome = refused or await self._reset_prefix_cache(delivery)
             await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
@@ -365,11 +398,38 @@ class Remediator:
             why = f"Prometheus shows {shows} for this engine: not acted on; was it posted to Alertmanager by hand?"
             outcome = "unconfirmed"
         log.warning("%s: %s: %s", name, what, why)
-        last = self._unconfirmed_paged_at.get(name)
-        if firing and (last is None or self.clock() - last >= self.settings.cooldown_seconds):
-            self._unconfirmed_paged_at[name] = self.clock()  # once per cooldown: a flood of forgeries is one page
-            self._page_queue.append(Page(name, "unconfirmed", f"{what}: {why}"))
+        if firing:
+            self._page_once(name, "unconfirmed", f"{what}: {why}")  # a flood of forgeries is one page
         return outcome
+
+    async def _gpu_cause(self, delivery: Delivery, asked: Asked) -> str:
+        """ "gpu_fault" when a GPU of the engine is failing (its alerts fire or are pending in Prometheus): the
+        breach is the GPU's, and a halved batch would only cut what the healthy GPUs serve. Paged instead, with
+        the GPU's state. "" when none is, or when Prometheus cannot say (then the breaker acts as it would)."""
+        name = delivery.vllm_instance
+        if self.confirmer is None:
+            return ""
+        if GPU_FAULTS not in asked:
+            try:
+                asked[GPU_FAULTS] = fault_text((await self.confirmer.gpu_faults(name)).get(name, []))
+            except PrometheusError as exc:
+                log.warning("%s: cannot ask Prometheus about the engine's GPUs (%s): the breaker acts without", name,
+                            exc)  # fmt: skip
+                asked[GPU_FAULTS] = ""
+        faults = asked[GPU_FAULTS]
+        if not faults:
+            return ""
+        why = f"P99 breach while a GPU of it fails: {faults}. Not halved: a smaller batch does not mend a GPU"
+        log.warning("%s: %s %s: %s", name, delivery.alertname, delivery.status, why)
+        self._page_once(name, "gpu_fault", why)
+        return "gpu_fault"
+
+    def _page_once(self, name: str, reason: str, text: str) -> None:
+        """Queue a page, once per breaker cooldown for the engine and the reason."""
+        last = self._paged_at.get((name, reason))
+        if last is None or self.clock() - last >= self.settings.cooldown_seconds:
+            self._paged_at[(name, reason)] = self.clock()
+            self._page_queue.append(Page(name, reason, text))
 
     async def _ask(self, name: str, alertname: str, asked: Asked) -> bool | PrometheusError | None:
         """Whether Prometheus shows ``alertname`` firing for the engine, once per pass; why it cannot tell; or None

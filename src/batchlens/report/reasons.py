@@ -38,6 +38,7 @@ CONTROLLER = {
     "steady": "nothing to change: hold",
     "manual_hold": "the limit was set by hand: the controller leaves it alone for control.manual_hold_seconds",
     "breaker_open": "the breaker is open: the controller would not cut, so the breaker's limit stands",
+    "gpu_fault": "a GPU of the engine is failing (lost, Xid, ECC, throttled): the limit holds and nothing is learned",
     "no_signal": "the engine's /metrics or admin API could not be read this tick",
     "warming_up": "no window of the engine's metrics yet to decide on",
     "out_of_bounds": "the limit in force is outside control.min_limit..max_limit: brought back within",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from batchlens.config import Links, Thresholds
+from batchlens.gpu_faults import THROTTLE_REASONS, critical_pattern
 from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, WHERE, slo_ratio_name, slow_ratio_name
 
 BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
@@ -10,6 +11,8 @@ SHED_SHARE = 0.05  # refused at the door past this share for 5 minutes: missing 
 # A DP rank running this many times its engine's mean batch, at this batch or more (a few requests more on an
 # idle rank are noise, not a straggler), for 10 minutes.
 STRAGGLER, STRAGGLER_BATCH = 1.5, 8
+
+XID_WINDOW = "1h"  # an Xid pages for this long after it, whether or not the exporter restarted since
 
 RUNBOOKS = "docs/runbooks"  # each alert has docs/runbooks/<AlertName>.md
 # An empty var-cluster (no cluster label) matches the series without one, as the label does in PromQL.
@@ -179,6 +182,7 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
             "The exporter has not reached the proxy's liveness route for a minute (routing.proxy_url): clients "
             "get nothing while every engine looks idle and healthy.",
         ),
+        *gpu_alerts(links),
         _alert(
             links,
             "BatchlensSourceDown",
@@ -187,5 +191,90 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
             "warning",
             "batchlens cannot read {{ $labels.source }} {{ $labels.vllm_instance }}",
             "The exporter's last samples of this source failed; see batchlens_source_errors_total for the reason.",
+        ),
+    ]
+
+
+def gpu_alerts(links: Links) -> list[dict]:
+    """A GPU that fails: lost, its driver gone, a critical Xid, its memory failing, slowing itself down."""
+    where = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+    serving = (" {{ with $labels.vllm_instance }}It serves {{ . }}: the ranks of a DP+EP engine step in lock step, so"
+               " one GPU stalls them all.{{ end }}")  # fmt: skip
+    critical = f'batchlens_gpu_xid_errors_total{{xid=~"{critical_pattern()}"}}'
+    return [
+        _alert(
+            links,
+            "BatchlensGpuLost",
+            'batchlens_source_up{source="nvml", gpu!=""} == 0',
+            "1m",
+            "critical",
+            f"{where} is lost",
+            "NVML answers GpuIsLost (or an unknown error) for this GPU: it fell off the bus, or the driver cannot "
+            f"reach it. Its series are gone and its engine cannot use it.{serving}",
+        ),
+        _alert(
+            links,
+            "BatchlensGpuDriverGone",
+            "batchlens_pci_nvidia_gpus > 0 and batchlens_nvml_driver_present == 0",
+            "2m",
+            "critical",
+            "The NVIDIA driver on {{ $labels.instance }} is gone",
+            '{{ $value | printf "%.0f" }} NVIDIA GPUs are on the PCI bus and no driver answers NVML: it was '
+            "unloaded, crashed, or its container stopped. Every GPU of this node is out of service. A CPU node "
+            "(no NVIDIA GPU on its bus) never fires this.",
+        ),
+        _alert(
+            links,
+            "BatchlensGpuXidCritical",
+            # A series appears with its first Xid, and increase() sees no rise from nothing: so also a count that
+            # was not there an hour ago.
+            f"increase({critical}[{XID_WINDOW}]) > 0 or ({critical} > 0 unless {critical} offset {XID_WINDOW})",
+            "0s",
+            "critical",
+            f"{where} reported Xid {{{{ $labels.xid }}}}",
+            f"The driver reported a critical Xid within the last {XID_WINDOW} (48: double-bit ECC; 63/64: row "
+            f"remapping; 74: NVLink; 79: fallen off the bus; 94/95: ECC; 119/120: GSP). The GPU needs a reset "
+            f"or a replacement, not a smaller batch.{serving}",
+        ),
+        _alert(
+            links,
+            "BatchlensGpuEccUncorrectable",
+            f'increase(batchlens_gpu_ecc_errors_total{{type="uncorrected"}}[{XID_WINDOW}]) > 0',
+            "0s",
+            "critical",
+            f"{where} has uncorrectable ECC errors",
+            f'{{{{ $value | printf "%.0f" }}}} uncorrectable memory errors within the last {XID_WINDOW}: data in '
+            f"device memory was lost, and the processes that held it may have failed.{serving}",
+        ),
+        _alert(
+            links,
+            "BatchlensGpuRowRemapPending",
+            "batchlens_gpu_row_remapping_pending == 1",
+            "5m",
+            "warning",
+            f"{where} waits for a reset to remap a memory row",
+            "A failing memory row is marked for remapping, which takes effect at the GPU's next reset. Until "
+            "then the row can fail again: drain the node and reset the GPU at the next quiet hour.",
+        ),
+        _alert(
+            links,
+            "BatchlensGpuRowRemapFailed",
+            "batchlens_gpu_row_remapping_failed == 1",
+            "0s",
+            "critical",
+            f"{where} could not remap a memory row",
+            f"The GPU has no spare row left for a failing one: its memory faults will now surface as "
+            f"uncorrectable errors. Drain the node and replace the GPU (an RMA).{serving}",
+        ),
+        _alert(
+            links,
+            "BatchlensGpuThrottled",
+            f'batchlens_gpu_clock_event_active{{reason=~"{THROTTLE_REASONS}"}} == 1',
+            "2m",
+            "warning",
+            f"{where} holds its clocks down: {{{{ $labels.reason }}}}",
+            "The GPU has slowed itself for two minutes to protect itself (heat, power, a hardware signal), not "
+            "for a power cap it was given. Every step of its engine is slower: look at cooling and power before "
+            f"the batch.{serving}",
         ),
     ]
