@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH
+from batchlens.dashboards.overview import GPU_HEALTH_PANELS
 from batchlens.prometheus_api import step_for
 from batchlens.report.command import REPORT_POINTS
 from harness.admin import AdminClient
@@ -68,10 +69,7 @@ NO_DATA_HERE = {
         "control.admission is off in this stack: tests/test_control_admission_e2e.py sets and reads the cap",
     ),
     "Data-parallel ranks: load against the mean": "the simulator is one rank; alerts/tests give the rule two",
-    **dict.fromkeys(
-        ("GPU alerts", "GPUs lost", "Xids in the last hour", "Clocks held down, rows to remap"),
-        "no GPU fails in this stack: tests/test_gpu_failures_e2e.py fills the GPU health row",
-    ),
+    **dict.fromkeys(GPU_HEALTH_PANELS, "no GPU fails in this stack: tests/test_gpu_failures_e2e.py fills the row"),
 }
 
 

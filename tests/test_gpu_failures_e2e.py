@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from batchlens.config import load_config
+from batchlens.dashboards.overview import GPU_HEALTH_PANELS
 from batchlens.exporter.http_serve import HttpServer
 from batchlens.exporter.server import Exporter
 from harness.fake_pynvml import FakeNvml, h100_sxm
@@ -123,9 +124,8 @@ def alert_description(prometheus: PrometheusServer, alertname: str) -> str:
 
 
 def gpu_health_panels(board: dict) -> list[dict]:
-    titles = ("GPU alerts", "GPUs lost", "Xids in the last hour", "Clocks held down, rows to remap")
-    panels = [p for p in board["panels"] if p.get("title") in titles]
-    assert len(panels) == len(titles), [p.get("title") for p in board["panels"]]
+    panels = [p for p in board["panels"] if p.get("title") in GPU_HEALTH_PANELS]
+    assert len(panels) == len(GPU_HEALTH_PANELS) == 4, [p.get("title") for p in board["panels"]]
     return panels
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from batchlens.dashboards.overview import GPU_HEALTH_PANELS
 from harness.admin import AdminClient
 from harness.exporter import ExporterProcess, one, pick
 from harness.grafana import interpolate, run_query, walk_panels
@@ -120,8 +121,9 @@ def test_each_clusters_dashboards_show_that_cluster_only(clusters, cluster: str)
                                    instant=True, end=end)  # fmt: skip
                 assert not error, (panel["title"], error)
                 assert values(shown) == values(own), (name, panel["title"], target["refId"])
-                checked += 1
-                with_data += bool(shown)
+                if panel["title"] not in GPU_HEALTH_PANELS:  # no GPU fails here: the row is rightly empty
+                    checked += 1
+                    with_data += bool(shown)
     assert with_data >= checked * 0.8, f"{with_data} of {checked} queries have data for {cluster}"
     [limit] = [p for p in walk_panels(BOARDS["batchlens-overview.json"]) if p["title"] == "Batch limit"]
     expr = interpolate(limit["targets"][0]["expr"], variables(cluster))

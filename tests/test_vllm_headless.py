@@ -11,7 +11,7 @@ from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.vllm_plugin.admin_port import PORT_ENV
 from harness.admin import AdminClient, set_caps
 from harness.fake_pynvml import GIB, FakeNvml, FakeProcess, h100_sxm
-from harness.procs import free_port, http_get
+from harness.procs import free_port, http_get, wait_until
 from harness.vllm import ADMIN_TOKEN, DP_SLOTS, launch_vllm, start_vllm
 
 pytestmark = pytest.mark.vllm
@@ -40,9 +40,10 @@ def test_a_head_and_a_headless_node_with_an_admin_port_are_one_engine(
             # vLLM's /health can answer (from API server 1) before API server 0 has opened the admin port.
             server.process.wait_http(admin.url + INFO_PATH, timeout=60)
             assert http_get(server.url + BATCH_PATH)[0] == 404  # vLLM's port, on either process
-            log = server.process.log_path.read_text(errors="replace")
-            assert "API server 1 of 2: the admin API's own port is API server 0's" in log
-            assert log.count("batchlens: admin API on its own port") == 1
+            said = "API server 1 of 2: the admin API's own port is API server 0's"
+            log_path = server.process.log_path  # API server 1 may still be starting once API server 0 answers
+            wait_until(lambda: said in log_path.read_text(errors="replace"), timeout=60, what=said)
+            assert log_path.read_text(errors="replace").count("batchlens: admin API on its own port") == 1
             state = admin.set_limit(3)
             assert [(e.engine, e.max_num_active_seqs) for e in state.engines] == [(0, 3), (1, 3)]
             admin.set_limit(DP_SLOTS)

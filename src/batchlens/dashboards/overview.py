@@ -94,6 +94,10 @@ def gpu_health() -> list[tuple[TimeSeries, int]]:
     ]  # fmt: skip
 
 
+#: Their titles: empty wherever no GPU fails (the demo, the live tests; test_gpu_failures_e2e.py fills them).
+GPU_HEALTH_PANELS = tuple(panel.title for panel, _ in gpu_health())
+
+
 def overview(thresholds: Thresholds) -> dict:
     throughput, p99, memory = operating_point_measures(thresholds)
     latency = LATENCIES[thresholds.p99_latency][0].removeprefix("vllm:")
