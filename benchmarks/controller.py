@@ -49,7 +49,8 @@ from batchlens.config import Control
 from batchlens.control.pid import Gains
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
-from batchlens.replay.policies import Adaptive, Policy, parse_policy
+from batchlens.replay.policies import Adaptive, Policy
+from batchlens.replay.policy_names import parse_policy
 from batchlens.replay.simulated import Run, oracle, replay
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine

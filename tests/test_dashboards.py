@@ -262,7 +262,7 @@ def test_the_page_tells_the_story_of_the_range_alerts_actions_and_what_each_mean
 
 def test_the_legend_knows_every_action_and_reason_the_code_can_say() -> None:
     src = ROOT / "src" / "batchlens"
-    door = re.findall(r'"admission_(\w+)"', (src / "control" / "live.py").read_text())  # manual_hold, resumed, error
+    door = re.findall(r'"admission_(\w+)"', (src / "remediation" / "controller.py").read_text())  # hold, resumed...
     calls = re.findall(r'self\.actions\[\(name, "(\w+)"', (src / "remediation" / "service.py").read_text())
     controller = {*LAW_REASONS, *LIVE_REASONS, *(f"admission_{r}" for r in (*CAP_REASONS, *door))}
     assert door and calls and controller - CONTROLLER.keys() == set()

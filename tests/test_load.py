@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 
 from batchlens.load.client import connector
-from batchlens.load.plan import LoadSpec, Planned, Result, Tally, percentile, plan, report, schedule
+from batchlens.load.plan import LoadSpec, Planned, Result, Tally, plan, report, schedule
+from batchlens.quantiles import percentile
 from harness.exporter import BATCHLENS, parse_samples, pick
 from harness.procs import http_get
 from harness.simulator import SimulatorProcess

@@ -20,7 +20,8 @@ from batchlens.control.signals import read_sample
 from batchlens.goodput import Outcome, Slo, judge
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
 from batchlens.replay.output import arrival_rate, figure, rows, table, write_csv
-from batchlens.replay.policies import Adaptive, Admitting, Static, oracle_limits, parse_policy
+from batchlens.replay.policies import Adaptive, Admitting, Static, oracle_limits
+from batchlens.replay.policy_names import parse_policy
 from batchlens.replay.simulated import Run, ShedSample, oracle, replay, turned_away, would_have_been_good
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
 from batchlens.simulator.engine import Engine, SimRequest

@@ -1,4 +1,4 @@
-"""The batchlens admin API contract (DESIGN.md, "Admin API"). Pure: no HTTP, no vLLM.
+"""The batchlens admin API contract (docs/architecture.md, "Public names"). Pure: no HTTP, no vLLM.
 
 The vLLM plugin and the simulator serve it; the exporter and the remediation
 hook call it. Keeping the models, the checks and the status codes here means

@@ -14,7 +14,6 @@ import click
 from click.core import ParameterSource
 
 from batchlens.config import Config, ConfigError, duration_seconds, http_url, load_config
-from batchlens.sweep.knee import DEFAULT_MIN_GAIN
 
 
 def renamed_option(new: str, old: str, dest: str, **settings: Any) -> Callable[[Callable], Callable]:
@@ -87,12 +86,6 @@ prometheus_timeout_option = click.option(
     help="How long one Prometheus query may take.",
 )  # fmt: skip
 
-min_gain_option = click.option(
-    "--min-gain", type=click.FloatRange(min=1), default=DEFAULT_MIN_GAIN, show_default=True,
-    help="The least throughput gain per doubling of the batch limit that is worth it: the knee is where "
-    "a doubling stops paying this much.",
-)  # fmt: skip
-
 slo_option = click.option(
     "--slo", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
     help="Your P99 latency requirement; the batch limit must keep P99 within it [default: thresholds.p99_seconds].",
@@ -134,38 +127,3 @@ def writable_folder(path: str, flag: str) -> Path:
     except OSError as exc:
         raise click.BadParameter(f"cannot write to {path}: {exc.strerror or exc}", param_hint=flag) from None
     return folder
-
-
-def proxy_options(prefix: str = ""):
-    """--api-key-env and --text-prompts: for sending through a proxy such as LiteLLM (docs/routing.md).
-
-    ``prefix`` opens each help text ("With --url: "); the texts go on in lower case.
-    """
-
-    def decorate(command):
-        command = click.option(
-            "--text-prompts", is_flag=True,
-            help=f"{prefix}send each prompt as text of as many tokens (for a proxy such as LiteLLM, whose "
-            "completions route takes no token ids) instead of token ids.",
-        )(command)  # fmt: skip
-        return click.option(
-            "--api-key-env", metavar="VAR",
-            help=f"{prefix}the environment variable holding the server's key (a LiteLLM proxy's), sent as a "
-            "Bearer token. The key itself never goes on the command line.",
-        )(command)  # fmt: skip
-
-    return decorate
-
-
-def proxy_via(api_key_env: str | None, text: bool, class_header: str | None = None):
-    """How a load reaches the server (load/client.py's Via): the key read from ``api_key_env``, now."""
-    import os
-
-    from batchlens.load.client import Via
-
-    key = None
-    if api_key_env:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise click.BadParameter(f"{api_key_env} is not set in the environment", param_hint="--api-key-env")
-    return Via(text=text, api_key=key, **({"class_header": class_header} if class_header else {}))

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchlens.load.plan import percentile
+from batchlens.quantiles import percentile
 
 
 @dataclass(frozen=True)

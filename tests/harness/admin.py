@@ -1,4 +1,4 @@
-"""The admin API contract (DESIGN.md, "Admin API"), as checks any server can be put through.
+"""The admin API contract (docs/architecture.md, "Public names"), as checks any server can be put through.
 
 The vLLM plugin and the simulator both serve this API; their tests call the
 same functions here, over real HTTP, so that the two cannot drift apart.

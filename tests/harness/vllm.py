@@ -1,4 +1,4 @@
-"""A real vLLM 0.32 on the CPU, started the way DESIGN.md describes.
+"""A real vLLM 0.32 on the CPU, started as docs/architecture.md describes.
 
 The virtual environment comes from ``make vllm-env`` (cached under ~/.cache, ~3.4 GB).
 The model is a tiny random Llama that needs no download: ``--load-format dummy``

@@ -9,13 +9,13 @@ import click
 from batchlens.clikit import (
     config_option,
     duration,
-    min_gain_option,
     prometheus_option,
     prometheus_timeout_option,
     range_option,
     slo_option,
 )
 from batchlens.clikit import load as load_or_fail
+from batchlens.sweep.options import min_gain_option
 
 
 @click.command()

@@ -91,7 +91,7 @@ def poisson_quantile(mean: float, p: float) -> int:
 
 
 #: Why the door's cap is what it is: no_signal is no saturated window yet (an engine idle since the hook started,
-#: or one it cannot read). control/live.py adds manual_hold and resumed, and counts error where a set fails.
+#: or one it cannot read). remediation/controller.py adds manual_hold and resumed, and counts error where a set fails.
 CAP_REASONS = ("estimated", "too_few_windows", "stale", "no_signal")
 
 

@@ -1,4 +1,4 @@
-"""The vLLM pods, listed through the Kubernetes API with lightkube, as an exporter source.
+"""The vLLM pods, listed through the Kubernetes API with lightkube, for the exporter and the hook alike.
 
 lightkube, not kubernetes-asyncio or kr8s: it is async like the rest of batchlens, small
 (about 4 MB with its typed models, against tens for kubernetes-asyncio's generated client),
@@ -37,18 +37,24 @@ import logging
 import os
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from batchlens.config import Engine, Kubernetes, SecretToFill
 from batchlens.discovery.pods import engines_of
-from batchlens.exporter import families as fam
-from batchlens.exporter.sampler import SourceError
-from batchlens.exporter.snapshot import Reading
 
 log = logging.getLogger("batchlens.discovery")
 
 FILL_ANNOTATION = "batchlens.io/fill-tokens"  # "true": the chart left this Secret's tokens to the hook
+
+
+class DiscoveryError(Exception):
+    """A failed call to the API server. ``reason`` is a short, bounded label value (``forbidden``, ``timeout``...);
+    the exporter counts it as its source's error, the hook as its own."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class Discovered:
 
     engines: list[Engine]
     skipped: Counter[str] = field(default_factory=Counter)
-    token_errors: dict[str, SourceError] = field(default_factory=dict)  # namespace -> why its Secret is unread
+    token_errors: dict[str, DiscoveryError] = field(default_factory=dict)  # namespace -> why its Secret is unread
     webhook_tokens: dict[str, str] = field(default_factory=dict)  # namespace -> its tenant's webhook token
 
 
@@ -100,11 +106,11 @@ class PodLister:
         engines, skipped = engines_of(await self.pods(), self.settings)
         tokens: dict[str, str] = {}
         webhook_tokens: dict[str, str] = {}
-        errors: dict[str, SourceError] = {}
+        errors: dict[str, DiscoveryError] = {}
         for namespace in sorted({e.labels["namespace"] for e in engines} if self.tokens else ()):
             try:
                 tokens[namespace], webhook = await self._tokens(namespace)
-            except SourceError as exc:
+            except DiscoveryError as exc:
                 errors[namespace] = exc
                 continue
             if webhook:
@@ -137,13 +143,13 @@ class PodLister:
             secret = await self._client.get(self._secret, name, namespace=namespace)
         data = secret.data or {}
         if not data.get(key):
-            raise SourceError("no_key", f"{what}: it has no key {key!r}")
+            raise DiscoveryError("no_key", f"{what}: it has no key {key!r}")
 
         def decoded(k: str) -> str:
             try:
                 return base64.b64decode(data.get(k) or "", validate=True).decode().strip()
             except (binascii.Error, UnicodeDecodeError):
-                raise SourceError("invalid", f"{what}: key {k!r} is not base64 UTF-8") from None
+                raise DiscoveryError("invalid", f"{what}: key {k!r} is not base64 UTF-8") from None
 
         return decoded(key), decoded(self.settings.webhook_token_key)
 
@@ -162,14 +168,14 @@ class PodLister:
             return []
         if (meta.annotations or {}).get(FILL_ANNOTATION) != "true":
             said = f"{what} has no {', '.join(missing)}, and no {FILL_ANNOTATION} mark to let batchlens write one"
-            raise SourceError("not_marked", said + ": give the token there yourself")
+            raise DiscoveryError("not_marked", said + ": give the token there yourself")
         fresh = {key: base64.b64encode(secrets.token_urlsafe(30).encode()).decode() for key in missing}
         patch = {"metadata": {"resourceVersion": meta.resourceVersion}, "data": fresh}
         try:
             with self._api_errors(f"writing {what}"):
                 await self._client.patch(self._secret, wanted.name, patch, namespace=wanted.namespace,
                                          patch_type=self._merge)  # fmt: skip
-        except SourceError as exc:
+        except DiscoveryError as exc:
             if exc.reason != "http_409":
                 raise
             return []  # another writer filled it first: its tokens stand
@@ -177,54 +183,21 @@ class PodLister:
 
     @contextlib.contextmanager
     def _api_errors(self, what: str) -> Iterator[None]:
-        """Every failure of an API call as a SourceError with a bounded reason and the API server's words."""
+        """Every failure of an API call as a DiscoveryError with a bounded reason and the API server's words."""
         try:
             yield
         except self._httpx.HTTPStatusError as exc:  # lightkube's ApiError is one, with the API's Status
             code = exc.response.status_code
             reason = {401: "unauthorized", 403: "forbidden", 404: "not_found"}.get(code, f"http_{code}")
             hint = " (the chart's Role in that namespace grants it)" if code == 403 else ""
-            raise SourceError(reason, f"{what}: HTTP {code}: {_status_message(exc)}{hint}") from None
+            raise DiscoveryError(reason, f"{what}: HTTP {code}: {_status_message(exc)}{hint}") from None
         except self._httpx.TimeoutException:
-            raise SourceError("timeout", f"{what} took over {self.settings.timeout_seconds:g}s") from None
+            raise DiscoveryError("timeout", f"{what} took over {self.settings.timeout_seconds:g}s") from None
         except self._httpx.TransportError as exc:
-            raise SourceError("connect", f"{what}: cannot reach the API server: {exc}") from None
+            raise DiscoveryError("connect", f"{what}: cannot reach the API server: {exc}") from None
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-class DiscoverySource:
-    """A source like the others: up while the API answers, its errors counted, its count of engines exported.
-
-    Each successful sample hands the engine set to ``on_engines``, which starts and stops their samplers.
-    """
-
-    kind = "kubernetes"
-    labels: tuple[tuple[str, str], ...] = ()
-
-    def __init__(self, lister: PodLister, on_engines: Callable[[Sequence[Engine]], None]):
-        self._lister = lister
-        self._on_engines = on_engines
-
-    async def sample(self) -> Reading:
-        found = await self._lister.engines()
-        engines, skipped = found.engines, found.skipped
-        self._on_engines(engines)
-        per_namespace = Counter(engine.labels["namespace"] for engine in engines)
-        metric = fam.gauge(
-            "batchlens_discovered_engines",
-            "vLLM pods found through the Kubernetes API and sampled as engines, by namespace.",
-            [({"namespace": ns}, n) for ns, n in sorted(per_namespace.items())],
-        )
-        soft = tuple(
-            (f"pod_{reason}", f"{n} selected pod(s) not sampled: {reason.replace('_', ' ')}")
-            for reason, n in sorted(skipped.items())
-        ) + tuple(
-            (f"token_{exc.reason}", f"{exc}: its engines are sampled without a token")
-            for _, exc in sorted(found.token_errors.items())
-        )
-        return Reading(metrics=(metric,), soft_errors=soft)
 
 
 def _status_message(exc) -> str:
@@ -263,7 +236,7 @@ async def fill_tokens(settings: Kubernetes) -> list[str]:
         for wanted in settings.fill_secrets:
             try:
                 keys = await lister.fill(wanted)
-            except SourceError as exc:
+            except DiscoveryError as exc:
                 log.error("tokens: %s [reason=%s]", exc, exc.reason)
                 continue
             for key in keys:

@@ -3,7 +3,7 @@
 Each check turns what :mod:`batchlens.doctor.probe` read into one
 :class:`Outcome`: PASS, WARN, FAIL or SKIP, what was found, why it matters for
 a vLLM server and what to do. Where the article's checklist is wrong, the
-check says so (DESIGN.md, "Corrections to the article").
+check says so (docs/article.md, "Where it is wrong").
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def read_setting(path: Path) -> str:
 
 
 def kernel_settings(root: Path = Path("/")) -> dict[str, str]:
-    """The host settings the article's checklist asks about (see DESIGN.md, Corrections), under ``root``."""
+    """The host settings the article's checklist asks about (docs/article.md, "Where it is wrong"), under ``root``."""
     thp = read_setting(root / THP_ENABLED)
     return {
         "transparent_hugepage": selected_mode(thp) if thp != UNAVAILABLE else UNAVAILABLE,

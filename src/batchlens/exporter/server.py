@@ -17,7 +17,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batchlens import __version__
 from batchlens.config import Config, Engine, parse_listen
-from batchlens.discovery.kubernetes import DiscoverySource, PodLister, node_name
+from batchlens.discovery.kubernetes import PodLister, node_name
+from batchlens.exporter.discovery_source import DiscoverySource
 from batchlens.exporter.host_source import HostSource
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.http_serve import Answer, HttpServer, Route

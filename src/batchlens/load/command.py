@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from batchlens.clikit import HttpUrl, proxy_options, proxy_via, renamed_option, token_counts
+from batchlens.clikit import HttpUrl, renamed_option, token_counts
+from batchlens.load.options import proxy_options, proxy_via
 from batchlens.load.plan import ARRIVALS
 from batchlens.masking import mask_url
 

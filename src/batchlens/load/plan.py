@@ -25,6 +25,8 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from batchlens.quantiles import percentile
+
 ARTICLE_PROMPT_TOKENS = (256, 512, 1024, 2048)
 ARRIVALS = ("poisson", "bursty", "steady")
 
@@ -133,14 +135,6 @@ class Result:
     itl: tuple[float, ...] = ()  # gaps between streamed tokens
     output_tokens: int = 0
     reason: str = ""  # a failed request: what the server said, if anything
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100), nearest rank; None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 #: The most latencies a run keeps per measure: a uniform sample of them past this (exact below it), so that a

@@ -1,6 +1,6 @@
 """A small typed client for Alertmanager's API v2: post alerts, list alerts, create and expire silences.
 
-No maintained PyPI client exists (DESIGN.md). This covers what batchlens
+No maintained PyPI client exists (docs/architecture.md, "Conventions"). This covers what batchlens
 needs, with pydantic models of the request and reply bodies it uses.
 """
 

@@ -7,7 +7,7 @@ The hook feeds it three events, each with the time it happened:
 - **resolved**: Alertmanager delivered it resolved;
 - **tick**: time passed (recovery is driven by the clock, not by alerts).
 
-The rules (DESIGN.md, "Breaker semantics"):
+The rules (docs/architecture.md, "Breaker semantics"):
 
 - A firing delivery outside the cooldown halves the limit (floor 1) and counts a
   strike. The strike that reaches ``strikes`` sets the cold-start limit instead

@@ -34,12 +34,11 @@ from pydantic import ValidationError
 from batchlens import __version__
 from batchlens.admin_auth import bearer_matches
 from batchlens.config import Config, parse_listen
-from batchlens.control.live import UNSET, Controller
-from batchlens.discovery.kubernetes import PodLister
-from batchlens.exporter.sampler import SourceError
+from batchlens.discovery.kubernetes import DiscoveryError, PodLister
 from batchlens.http_server import application, run_app
 from batchlens.masking import mask_url
 from batchlens.remediation.alertmanager import AlertmanagerClient
+from batchlens.remediation.controller import UNSET, Controller
 from batchlens.remediation.service import Remediator
 from batchlens.remediation.states import BREAKER_STATES
 from batchlens.remediation.store import InboxFull, Store
@@ -201,7 +200,7 @@ class RemediationServer:
         assert self._lister is not None and self.remediator is not None
         try:
             found = await self._lister.engines()
-        except SourceError as exc:
+        except DiscoveryError as exc:
             if self._discovery_failing != exc.reason:  # once per outage and reason, as the exporter's sampler
                 log.warning("discovery: %s [reason=%s]; the engines found so far stay", exc, exc.reason)
             self._discovery_failing = exc.reason

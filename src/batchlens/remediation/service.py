@@ -13,7 +13,7 @@ engine's pass:
    twice. Failures back off (1, 2, 4, ... 60 s) and are retried until they land.
 
 Beside them, when ``control.enabled``, the controller reads and steers the
-engines that are due (control/live.py, a task per engine too): it says which
+engines that are due (remediation/controller.py, a task per engine too): it says which
 limit each should have, the breaker's target bounding it while the breaker is
 open, and the engine's next pass applies it. Last, the pages the decisions
 asked for are posted to Alertmanager, retrying likewise.
@@ -36,7 +36,6 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from batchlens.config import Config, Engine, by_instance
-from batchlens.control.live import Controller
 from batchlens.prometheus_api import PrometheusError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient, DeploymentAdmin
 from batchlens.remediation.alertmanager import AlertmanagerClient, AlertmanagerError, PostableAlert, utc
@@ -50,6 +49,7 @@ from batchlens.remediation.breaker import (
     without_future_times,
 )
 from batchlens.remediation.confirm import Confirmer, fault_text
+from batchlens.remediation.controller import Controller
 from batchlens.remediation.store import Delivery, InboxFull, Store
 from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, MAX_FUTURE_SECONDS, WebhookPayload, deliveries
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from batchlens.clikit import HttpUrl, config_option, load, proxy_options, proxy_via, renamed_option, writable_folder
+from batchlens.clikit import HttpUrl, config_option, load, renamed_option, writable_folder
+from batchlens.load.options import proxy_options, proxy_via
 from batchlens.masking import mask_url
 from batchlens.replay.traces import FORMATS, MAX_RATE_SCALE, MIN_RATE_SCALE
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
@@ -90,7 +91,7 @@ def replay(
     """
     from batchlens.goodput import Slo
     from batchlens.replay.output import rows, table, write_csv, write_png
-    from batchlens.replay.policies import parse_policy
+    from batchlens.replay.policy_names import parse_policy
     from batchlens.replay.simulated import oracle as find_oracle
     from batchlens.replay.simulated import replay as run_replay
     from batchlens.replay.traces import TraceError, read_trace, select

@@ -15,12 +15,11 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from batchlens.config import Control, Thresholds
+from batchlens.config import Control
 from batchlens.control.admission import AdmissionSettings, Saturated, queued_token_cap, saturated, worth_setting
 from batchlens.control.law import State, Tuning, decide
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import EngineSample, read_sample, window
-from batchlens.control.steering import door_settings
 from batchlens.control.steering import tuning as tuning_of
 from batchlens.goodput import Slo
 
@@ -150,41 +149,6 @@ class Admitting:
         for reason, count in getattr(self.limits, "decisions", {}).items():
             self.decisions[reason] = count
         return limit
-
-
-POLICIES = ("default", "static:N", "breaker", "adaptive", "pid", "admit", "adaptive+admit")
-
-
-def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None, control: Control | None = None) -> Policy:
-    """One of POLICIES; ValueError naming what exists otherwise. ``control``: the config's control: section, which
-    the controller's policies then follow as the live controller does (its tick, bounds, law and door settings);
-    None: their defaults."""
-    name, _, arg = text.strip().partition(":")
-    tick = control.interval_seconds if control is not None else 2.0
-    door = door_settings(control, slo.ttft_seconds) if control is not None else None
-    if name == "admit" and not arg:
-        return Admitting(slo, Static(), door, tick)
-    if name == "adaptive+admit" and not arg:
-        return Admitting(slo, Adaptive(slo, tick_seconds=tick, control=control), door)
-    if name == "adaptive" and not arg:
-        return Adaptive(slo, tick_seconds=tick, control=control)
-    if name == "pid" and not arg:
-        return Adaptive(slo, pid=Gains())
-    if name == "breaker" and not arg:
-        from batchlens.replay.breaker_policy import BreakerPolicy  # it builds on this module's Signals
-
-        return BreakerPolicy(thresholds)
-    if name == "default" and not arg:
-        return Static()
-    if name == "static":
-        try:
-            limit = int(arg)
-        except ValueError:
-            limit = 0
-        if limit < 1:
-            raise ValueError(f"static:N takes a batch limit N of 1 or more, got {text!r}")
-        return Static(limit)
-    raise ValueError(f"unknown policy {text!r}: one of {', '.join(POLICIES)}")
 
 
 def oracle_limits(capacity: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Alert rules: the article's three thresholds (DESIGN.md names them) and the source watchdog. Pure."""
+"""Alert rules: the article's three thresholds (docs/architecture.md names them) and the source watchdog. Pure."""
 
 from __future__ import annotations
 

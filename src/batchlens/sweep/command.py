@@ -9,8 +9,9 @@ import sys
 import click
 
 from batchlens.admin_api import TOKEN_ENV
-from batchlens.clikit import HttpUrl, config_option, min_gain_option, slo_option, token_counts, writable_folder
+from batchlens.clikit import HttpUrl, config_option, slo_option, token_counts, writable_folder
 from batchlens.clikit import load as load_or_fail
+from batchlens.sweep.options import min_gain_option
 
 
 @click.command()

@@ -36,7 +36,8 @@ import aiohttp
 from batchlens.exporter.gpu_metrics import DRAM_BANDWIDTH, MEMORY_BUSY
 from batchlens.exporter.parser import ExpositionReader, ParseError
 from batchlens.load.client import first_model, send
-from batchlens.load.plan import Planned, Result, percentile
+from batchlens.load.plan import Planned, Result
+from batchlens.quantiles import percentile
 from batchlens.remediation.admin_client import AdminCallError, AdminClient
 from batchlens.rules.recording import KV_USAGE
 from batchlens.stopping import finish
