@@ -48,7 +48,7 @@ def schema_urls(schema: dict | None = None, node: dict | None = None, path: str 
 
 def test_every_setting_named_like_a_url_is_a_url_setting_and_the_masking_knows_each() -> None:
     found = schema_urls()
-    assert found and all(found.values()), f"not typed url_setting (config/__init__.py): {found}"
+    assert found and all(found.values()), f"not typed url_setting (config/base.py): {found}"
     assert sorted(found) == sorted(url_settings()), "masked_dump would miss one"
 
 

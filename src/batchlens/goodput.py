@@ -11,18 +11,34 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from batchlens.quantiles import percentile
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_seconds: float
-    tpot_seconds: float
+class Slo(BaseModel):
+    """The service-level objective goodput counts against (vLLM's `bench serve --goodput`).
 
-    def __post_init__(self) -> None:
+    The config's own `slo:` section too, so there is one Slo: validated as the config's sections are, and there
+    its TTFT bound, unless set, is the breaker's P99 bound (config.Config fills it in). ``Slo(ttft, tpot)``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+    ttft_seconds: float = Field(description="time to first token; default: thresholds.p99_seconds")
+    tpot_seconds: float = Field(0.1, description="time per output token after the first")
+
+    def __init__(self, ttft_seconds: float | None = None, tpot_seconds: float | None = None, /, **fields: Any):
+        positional = {"ttft_seconds": ttft_seconds, "tpot_seconds": tpot_seconds}
+        super().__init__(**{k: v for k, v in positional.items() if v is not None}, **fields)
+
+    @model_validator(mode="after")
+    def _above_zero(self) -> Slo:
         if not (self.ttft_seconds > 0 and self.tpot_seconds > 0):
             raise ValueError(f"an SLO must be above zero: ttft {self.ttft_seconds:g}s, tpot {self.tpot_seconds:g}s")
+        return self
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bound
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ParseError
 from batchlens.exporter.sampler import SourceError
-from batchlens.goodput import Slo
 from batchlens.remediation.admin_client import AdminCallError, AdminClient, DeploymentAdmin
 from batchlens.remediation.breaker import Door, EngineState
 from batchlens.remediation.store import Store
@@ -73,7 +72,7 @@ class Controller:
         # The hook's own dry run (breaker.dry_run, remediate --dry-run) sets no limit that the controller wants,
         # and the door, which the controller sets itself, must not shed what that run leaves alone.
         self.door_dry_run = config.control.dry_run or config.breaker.dry_run
-        self.slo = Slo(config.slo.ttft_seconds, config.slo.tpot_seconds)
+        self.slo = config.slo
         self.store = store
         self._http = HttpGetter()  # the exporter's GET: one pool of kept-alive connections to the engines
         self._admins = admins
