@@ -51,15 +51,7 @@ def visit(url: str, screenshot: Path | None = None, *, wait_ms: int = 1500) -> P
             page.on("requestfailed", lambda r: failed.append(f"{r.url}: {r.failure}"))
             page.goto(url, wait_until="load")
             page.wait_for_timeout(wait_ms)
-            seen = PageVisit(title=page.title())
-            seen.images = page.eval_on_selector_all(
-                "img",
-                "els => els.map(e => ({src: e.src, naturalWidth: e.naturalWidth, naturalHeight: e.naturalHeight}))",
-            )
-            seen.tables = page.eval_on_selector_all(
-                "table", "els => Object.fromEntries(els.map(e => [e.id, e.rows.length]))"
-            )
-            seen.text = page.inner_text("body")
+            seen = PageVisit(**_read(page))
             # What the page did up to here is the visit; a reload the page starts itself later (or one the
             # closing browser aborts) is not.
             seen.console_errors, seen.failed_requests = list(errors), list(failed)
@@ -68,3 +60,27 @@ def visit(url: str, screenshot: Path | None = None, *, wait_ms: int = 1500) -> P
             return seen
         finally:
             browser.close()
+
+
+# One evaluation reads the whole page: a page that reloads itself (the report's live page does, every few
+# seconds) cannot swap documents in the middle of it, as it could between several calls on a loaded machine.
+READ_PAGE = """() => ({
+    title: document.title,
+    images: [...document.images].map(e => ({src: e.src, naturalWidth: e.naturalWidth, naturalHeight: e.naturalHeight})),
+    tables: Object.fromEntries([...document.querySelectorAll("table")].map(e => [e.id, e.rows.length])),
+    text: document.body.innerText,
+})"""
+
+
+def _read(page) -> dict:
+    """What the page shows; a reload that lands between the wait and the read is waited out, and read again."""
+    from playwright.sync_api import Error
+
+    for _ in range(2):
+        try:
+            return page.evaluate(READ_PAGE)
+        except Error as exc:
+            if "Execution context was destroyed" not in str(exc):
+                raise
+            page.wait_for_load_state("load")
+    return page.evaluate(READ_PAGE)
