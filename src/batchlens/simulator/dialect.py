@@ -1,4 +1,4 @@
-"""Which of vLLM's metric names each release exposes, as the matrix captured them (tests/data/releases). Pure.
+"""Which of vLLM's metric names each release exposes, as the matrix captured them (vllm_releases.py). Pure.
 
 vLLM renames a metric by exposing the new name beside the old one, marked
 DEPRECATED, for a few releases, then dropping the old one. The simulator
@@ -9,16 +9,14 @@ read as well.
 
 from __future__ import annotations
 
-DEFAULT_VLLM_VERSION = "0.32.0"
-SUPPORTED_SERIES = ((0, 10), (0, 33))  # the vLLM releases batchlens supports (docs/compatibility.md)
+from batchlens.vllm_releases import DEFAULT, QUEUED_CAPS, RELEASES, TPOT, supported
+
+DEFAULT_VLLM_VERSION = DEFAULT
+SUPPORTED_SERIES = supported()  # the vLLM releases batchlens supports (docs/compatibility.md)
 # The deprecated names a release still exposes beside the new ones, as captured from it: (first release, names).
 # A release between two captured ones speaks like the older of the two.
-OLD_NAMES = "vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_hits", "vllm:gpu_prefix_cache_queries"
-TPOT = "vllm:time_per_output_token_seconds"  # renamed inter_token_latency_seconds in 0.10, gone by 0.25
-DIALECTS = (((0, 10), frozenset({*OLD_NAMES, TPOT})), ((0, 11), frozenset({TPOT})), ((0, 25), frozenset()))
-
-
-QUEUED_CAPS = (0, 29)  # the first release with --max-num-queued-tokens and -reqs (vLLM PR #49445)
+DIALECTS = tuple((release.series, release.deprecated) for release in RELEASES if release.cpu_build)
+__all__ = ["DEFAULT_VLLM_VERSION", "QUEUED_CAPS", "SUPPORTED_SERIES", "TPOT", "dialect", "series_of"]
 
 
 def series_of(vllm_version: str) -> tuple[int, int]:
@@ -29,7 +27,8 @@ def series_of(vllm_version: str) -> tuple[int, int]:
         raise ValueError(f"{vllm_version!r} is not a vLLM version (e.g. 0.10.2)") from None
     low, high = SUPPORTED_SERIES
     if len(series) != 2 or not low <= series <= high:
-        raise ValueError(f"vLLM {vllm_version} is outside the releases batchlens supports (0.10 to 0.33)")
+        raise ValueError(f"vLLM {vllm_version} is outside the releases batchlens supports "
+                         f"({low[0]}.{low[1]} to {high[0]}.{high[1]})")  # fmt: skip
     return series[0], series[1]
 
 
