@@ -48,6 +48,8 @@ vllm-matrix: system-deps $(BIN)/batchlens  ## each vLLM release (VLLM_RELEASES):
 	for v in $(VLLM_RELEASES); do VLLM_VERSION=$$v BATCHLENS_VLLM_VENV=$(HOME)/.cache/batchlens/vllm-$$v scripts/vllm-env.sh || exit 1; done
 	BATCHLENS_VLLM_RELEASES="$(VLLM_RELEASES)" $(BIN)/pytest -m matrix tests/test_vllm_matrix.py -p no:cacheprovider -v
 	$(BIN)/python scripts/compatibility.py
+	# and the topology make test leaves out for its time: one engine core behind --api-server-count 2 (admin port)
+	$(BIN)/pytest -m matrix tests/test_vllm_api_servers.py -p no:cacheprovider -v
 
 lint: $(BIN)/batchlens  ## ruff lint + format check
 	$(BIN)/ruff check src tests benchmarks scripts

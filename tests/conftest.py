@@ -41,7 +41,7 @@ def release_capture(request: pytest.FixtureRequest) -> Path:
 #: The modules whose vLLMs start and serve on a second worker, beside the first's: the data-parallel servers
 #: (`vllm serve --data-parallel-size 2`, a head and a headless rank) and the routing test's two servers, each
 #: module its own servers. One group was the suite's critical path; two vLLMs at a time fit this machine.
-SECOND_WORKER_MODULES = frozenset({"test_vllm_api_servers.py", "test_vllm_headless.py", "test_routing_vllm.py"})
+SECOND_WORKER_MODULES = frozenset({"test_vllm_api_servers.py", "test_routing_vllm.py"})
 VLLM_GROUPS = ("vllm", "vllm_b")
 
 

@@ -1,12 +1,18 @@
-"""The door on every API server, and the controller steering: a real vLLM 0.32 on the CPU started with
-``vllm serve`` as users start it, in two layouts that run several API server processes on one socket:
-``--data-parallel-size 2`` (vLLM's default: one API server per DP rank, and two engine cores), and one engine
-core with ``--api-server-count 2`` and BATCHLENS_ADMIN_PORT (API server 0 serves the admin API on its own port).
-Each new connection lands on either API server. The plugin's caps must hold in both, count the whole server,
-and /metrics must count every refusal whichever process answers (batchlens.vllm_plugin.siblings). The
-controller's scenario is tests/harness/control_vllm.py's: how good its goodput is against the best static limit
-is a figure, printed by benchmarks/control_vllm.py in make bench. No fakes. The multi-node recipe (a head and a
-``--headless`` rank) is tests/test_vllm_headless.py's.
+"""The door on every API server, the ranks of a deployment over two nodes, and the controller steering: a real
+vLLM 0.32 on the CPU started with ``vllm serve`` as users start it, in two layouts that run several API server
+processes on one socket:
+
+- ``--data-parallel-size 2``: vLLM's default of one API server per DP rank, two engine cores;
+- vLLM's multi-node recipe on loopback: a head (``--data-parallel-size 2 --data-parallel-size-local 1
+  --api-server-count 2``, with BATCHLENS_ADMIN_PORT: API server 0 serves the admin API on its own port) and a
+  ``--headless --data-parallel-start-rank 1`` process holding rank 1 with no API server;
+- and, in `make vllm-matrix` only (marker ``matrix``: a third server would cost make test a minute and a half of
+  its 15), ``--api-server-count 2`` with BATCHLENS_ADMIN_PORT and one engine core.
+
+Each new connection lands on either API server. The plugin's caps must hold in both, count the whole server, and
+/metrics must count every refusal whichever process answers (batchlens.vllm_plugin.siblings). The controller's
+scenario is tests/harness/control_vllm.py's: how good its goodput is against the best static limit is a figure,
+printed by benchmarks/control_vllm.py in make bench. No fakes but the headless node's GPU (the fake NVML).
 """
 
 from __future__ import annotations
@@ -17,53 +23,74 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import psutil
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, INFO_PATH, TOKEN_ENV
+from batchlens.exporter.nvml_source import NvmlSource
 from batchlens.vllm_plugin.admin_port import PORT_ENV
 from harness.admin import AdminClient, check_concurrent_puts, check_contract, set_caps
 from harness.control_vllm import bursty_trace, steer
 from harness.exporter import one, parse_samples
-from harness.procs import free_port, http_get
-from harness.vllm import ADMIN_TOKEN, DP_SLOTS, VllmServer, door_counts, start_vllm
+from harness.fake_pynvml import GIB, FakeNvml, FakeProcess, h100_sxm
+from harness.procs import Process, free_port, http_get, wait_until
+from harness.vllm import ADMIN_TOKEN, DP_SLOTS, VllmServer, door_counts, launch_vllm, start_vllm
 
 pytestmark = pytest.mark.vllm
 
 SLOTS = DP_SLOTS  # --max-num-seqs
-LAYOUTS = {"dp2": ("--data-parallel-size", "2"), "api2": ("--api-server-count", "2")}
 
 
 @dataclass(frozen=True)
 class Served:
-    """A server of two API servers, and where its admin API answers: vLLM's port, or its own."""
+    """A server of two API servers and two engine cores, and where its admin API answers: vLLM's port, or its
+    own; ``headless``: the process of the rank on the other "node", where there is one."""
 
     server: VllmServer
     admin: AdminClient
-    engines: int
+    headless: Process | None = None
+    engines: int = 2
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+@pytest.fixture(scope="module", params=["dp2", "head_and_headless", pytest.param("api2", marks=pytest.mark.matrix)])
 def served(request, tmp_path_factory: pytest.TempPathFactory, vllm_plugin_env: dict[str, str]) -> Iterator[Served]:
-    env = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN}
-    admin_port = free_port() if request.param == "api2" else None
-    if admin_port:
-        env[PORT_ENV] = str(admin_port)
-    server = start_vllm(tmp_path_factory.mktemp(f"vllm-{request.param}"), env=env, serve=True, max_num_seqs=SLOTS,
-                        memory_fraction=0.1, extra_args=LAYOUTS[request.param])  # fmt: skip
+    env, workdir = {**vllm_plugin_env, TOKEN_ENV: ADMIN_TOKEN}, tmp_path_factory.mktemp(f"vllm-{request.param}")
+    port = free_port()
+    if request.param != "head_and_headless":
+        one_node = {"dp2": ("--data-parallel-size", "2"), "api2": ("--api-server-count", "2")}[request.param]
+        own_port = {PORT_ENV: str(port)} if request.param == "api2" else {}
+        server = start_vllm(workdir, env={**env, **own_port}, serve=True, max_num_seqs=SLOTS, memory_fraction=0.1,
+                            extra_args=one_node)  # fmt: skip
+        try:
+            admin = AdminClient(f"http://127.0.0.1:{port}" if own_port else server.url, server.admin_token)
+            server.process.wait_http(admin.url + INFO_PATH, timeout=60)  # API server 0 may open its port last
+            yield Served(server, admin, engines=1 if own_port else 2)
+        finally:
+            server.process.stop()
+        return
+    rpc = free_port()
+    dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.1",
+          "--data-parallel-rpc-port", str(rpc))  # fmt: skip
+    headless, _, _ = launch_vllm(workdir / "node-2", env=env, max_num_seqs=SLOTS, memory_fraction=0.1,
+                                 extra_args=(*dp, "--data-parallel-start-rank", "1"), headless=True)  # fmt: skip
     try:
-        admin = AdminClient(server.url, server.admin_token)
-        if admin_port:
-            admin = AdminClient(f"http://127.0.0.1:{admin_port}", server.admin_token)
+        server = start_vllm(workdir / "head", env={**env, PORT_ENV: str(port)}, serve=True, max_num_seqs=SLOTS,
+                            memory_fraction=0.1, extra_args=(*dp, "--api-server-count", "2"))  # fmt: skip
+        try:
+            admin = AdminClient(f"http://127.0.0.1:{port}", server.admin_token)
             # vLLM's /health can answer (from API server 1) before API server 0 has opened the admin port.
             server.process.wait_http(admin.url + INFO_PATH, timeout=60)
-        yield Served(server, admin, engines=2 if request.param == "dp2" else 1)
+            yield Served(server, admin, headless)
+        finally:
+            server.process.stop()
     finally:
-        server.process.stop()
+        headless.stop()
 
 
 def test_one_put_sets_both_caps_in_every_api_server(served: Served) -> None:
-    """And the batch limit reaches every engine core (the contract, through either API server where vLLM's port
-    serves the admin API; through API server 0 alone where its own port does, and vLLM's port then has none)."""
+    """And the batch limit reaches every engine core, the headless node's too (the contract, through either API
+    server where vLLM's port serves the admin API; through API server 0 alone where its own port does, and
+    vLLM's port then has none)."""
     admin, server = served.admin, served.server
     check_contract(admin, SLOTS)
     state = admin.set_limit(3)
@@ -79,7 +106,8 @@ def test_one_put_sets_both_caps_in_every_api_server(served: Served) -> None:
         assert f"API server {index} of 2: the queued caps and counts are shared" in log
     if admin.url != server.url:
         assert http_get(server.url + BATCH_PATH)[0] == 404  # vLLM's port, on either process
-        assert "API server 1 of 2: the admin API's own port is API server 0's" in log
+        said = "API server 1 of 2: the admin API's own port is API server 0's"
+        wait_until(lambda: said in server.process.log_path.read_text(errors="replace"), timeout=60, what=said)
         assert log.count("batchlens: admin API on its own port") == 1
     set_caps(admin, max_num_queued_tokens=None, max_num_queued_reqs=None)
 
@@ -181,3 +209,20 @@ def test_the_controller_steers_a_data_parallel_vllm_as_one_engine_limit_and_door
     assert accounting["sent"] == accounting["answered"] + sum(accounting["refused"].values()) == count, accounting
     assert not accounting["failed"], accounting
     assert served.server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("served", ["head_and_headless"], indirect=True)
+def test_the_headless_nodes_exporter_maps_its_gpu_to_the_engine_and_rank(served: Served) -> None:
+    """The exporter on the headless "node" (exporter.headless_engine) maps a GPU of that real engine core, found by
+    its title ``VLLM::EngineCore_DP1``, to the engine and to rank 1 (the GPU is the fake NVML's)."""
+    rank_1 = next(p for p in psutil.Process(served.headless.proc.pid).children(recursive=True)
+                  if p.cmdline()[:1] == ["VLLM::EngineCore_DP1"])  # fmt: skip
+    gpu = h100_sxm(0, processes=[FakeProcess(rank_1.pid, 70 * GIB)])
+    source = NvmlSource([], nvml=FakeNvml([gpu]).module(), headless_engine="deepseek")
+    try:
+        reading = source.sample_now({})
+    finally:
+        source.close()
+    [sample] = next(m.samples for m in reading.metrics if m.name == "batchlens_gpu_info")
+    assert {k: sample.labels.get(k) for k in ("vllm_instance", "dp_rank")} == {"vllm_instance": "deepseek",
+                                                                              "dp_rank": "1"}  # fmt: skip
