@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,20 @@ def test_past_its_bound_the_shared_memory_of_signed_calls_refuses_rather_than_fo
         assert table.remember(f"{n:032x}", until=10_000, now=1.0) is None
     assert table.remember("ff" * 16, until=10_000, now=1.0) == "full"
     assert table.remember(f"{0:032x}", until=10_000, now=1.0) == "replay"  # still remembered, never dropped
+
+
+def test_api_server_0_removes_the_tables_that_killed_servers_left_behind(tmp_path: Path) -> None:
+    """A server killed before its atexit ran leaves its table in /dev/shm; the next server's API server 0 removes
+    it (its vllm serve process is gone, or its PID is another process's now), and no live server's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = tmp_path / f"batchlens-siblings-{dead.pid}-12345"
+    reused = tmp_path / f"batchlens-siblings-{os.getpid()}-1"  # this PID, another start time: another server
+    live = table_path(os.getppid(), str(tmp_path))
+    for path in (gone, reused, live):
+        path.write_bytes(b"\0" * 64)
+    (tmp_path / "unrelated").write_bytes(b"x")
+    open_table(0, 2, parent_pid=os.getpid(), directory=str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, "unrelated", table_path(os.getpid(), str(tmp_path)).name]
+    )

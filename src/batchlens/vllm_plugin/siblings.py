@@ -220,21 +220,40 @@ def _server_identity(pid: int) -> str:
     return f"{pid}-{started}"
 
 
+PREFIX = "batchlens-siblings-"
+
+
 def table_path(parent_pid: int, directory: str | None = None) -> Path:
     shm = Path("/dev/shm")
     base = Path(directory) if directory else shm if shm.is_dir() else Path(tempfile.gettempdir())
-    return base / f"batchlens-siblings-{_server_identity(parent_pid)}"
+    return base / f"{PREFIX}{_server_identity(parent_pid)}"
+
+
+def remove_stale(directory: Path) -> list[str]:
+    """Remove the tables of servers that are gone (their ``vllm serve`` process no longer runs, or its PID is
+    another process's now): what API server 0's exit could not remove, killed before its atexit ran."""
+    removed = []
+    for path in directory.glob(f"{PREFIX}*"):
+        pid, _, started = path.name.removeprefix(PREFIX).partition("-")
+        if pid.isdigit() and started and _server_identity(int(pid)) != f"{pid}-{started}":
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
 
 
 def open_table(index: int, count: int, parent_pid: int | None = None, directory: str | None = None) -> SiblingTable:
     """The table the siblings of this server share: created by the first of them, mapped by every one.
 
     One API server alone gets a private table. The file is zero-filled at creation (no caps, nothing counted)
-    and removed by API server 0 when it exits.
+    and removed by API server 0 when it exits; API server 0 also removes the tables that servers killed before
+    they could remove theirs left behind.
     """
     if count <= 1:
         return private_table()
     path = table_path(os.getppid() if parent_pid is None else parent_pid, directory)
+    if index == 0:
+        remove_stale(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         if os.fstat(fd).st_size < size(count):
