@@ -22,6 +22,7 @@ import pytest
 
 from batchlens.config import Config
 from batchlens.control.admission import Saturated
+from batchlens.control.door import DoorState
 from batchlens.control.law import State
 from batchlens.control.signals import Histogram, Window, read_sample
 from batchlens.control.steering import Steering, Tick
@@ -254,10 +255,10 @@ def test_the_law_is_told_of_a_door_only_where_batchlens_keeps_one(
         assert said(live, "sim") == (True, False), "the door open for want of figures still counts: it will shed"
         assert said(live, "plain") == (False, True), "a route that errs never sheds"
         assert said(dry, "sim") == (False, True), "a dry run sets no cap"
-        live._door("sim", cap=4000, cap_seen=True)  # as if batchlens had set it: the engine's None is a hand's
+        live._door("sim", DoorState(cap=4000, seen=True))  # as if batchlens had set it: the engine's None is a hand's
         asyncio.run(admit(live))
         assert said(live, "sim") == (False, True), "a hand opened the door: nothing sheds while its hold lasts"
-        live._door("sim", cap_manual_until=0.0), asyncio.run(admit(live))
+        live._door("sim", replace(live.states["sim"].door, manual_until=0.0)), asyncio.run(admit(live))
         assert said(live, "sim") == (True, False)
         live._not_steered("sim", "no answer within 1 s")
         assert said(live, "sim") == (False, True), "gone: asked again when it is back"
@@ -333,7 +334,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
         assert "admission_manual_hold" not in reasons(restarted), "its own PUT landed before the kill -9: no hand"
         asyncio.run(run(held, lambda c: c._admit("sim", None, 1802)))
         assert reasons(held)["admission_manual_hold"] == 1, "its own PUT landed: no hand"
-        assert held.cap_in_force("sim") is None and held.states["sim"].cap_manual_until < 1802
+        assert held.cap_in_force("sim") is None and held.states["sim"].door.manual_until < 1802
 
         off = Controller(Config.model_validate({**config.model_dump(), "control": {"enabled": True}}),
                          Store(tmp_path / "hook.db"), admins={})  # fmt: skip
@@ -342,7 +343,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
 
         set_caps(engine, max_num_queued_tokens=3000)
         blind = started(0)
-        blind._door("sim", cap=3000, cap_seen=True)  # batchlens's, from a window long gone
+        blind._door("sim", DoorState(cap=3000, seen=True))  # batchlens's, from a window long gone
 
         async def metrics_fail(c: Controller) -> None:
             async def fetch(name: str) -> str:
@@ -351,7 +352,7 @@ def test_the_door_goes_on_from_what_the_store_kept_and_fails_open_when_its_figur
             c._fetch = fetch
             await c._tick_one("sim", 2000, {"sim": EngineState()})
 
-        blind._minutes["sim"] = Window(60, 16, 4, 0.5, 800, 0, Histogram(), Histogram(), rejected_per_second=1)
+        blind._engines["sim"].minute = Window(60, 16, 4, 0.5, 800, 0, Histogram(), Histogram(), rejected_per_second=1)
         assert blind.door("sim") is not None
         asyncio.run(run(blind, metrics_fail))
         assert blind.door("sim") is None, "the breaker is not told of a door from a minute that has ended"
@@ -412,7 +413,7 @@ def test_the_door_fails_open_whatever_part_of_the_engine_fails(tmp_path, fault) 
 
     try:
         set_caps(engine, max_num_queued_tokens=3000)
-        c._door("sim", cap=3000, cap_seen=True)
+        c._door("sim", DoorState(cap=3000, seen=True))
         took = asyncio.run(tick())
         cap = engine.request("GET", "/batchlens/v1/admission")[1]["max_num_queued_tokens"]
         door = {reason: n for (_, reason), n in c.decisions.items() if reason.startswith("admission_")}
@@ -448,16 +449,16 @@ def test_a_dry_run_sets_no_cap_and_says_once_what_it_would(tmp_path, caplog, dry
     data.setdefault(dry, {})["dry_run"] = True
     config = Config.model_validate(data)
     c = Controller(config, Store(tmp_path / "hook.db"), admins={}, clock=lambda: 0)
-    c._saturated["sim"].extend(Saturated(at, 2000.0, 8.0) for at in (996.0, 998.0, 1000.0))
+    c._engines["sim"].saturated.extend(Saturated(at, 2000.0, 8.0) for at in (996.0, 998.0, 1000.0))
 
     async def door_ticks() -> None:
         async with aiohttp.ClientSession() as session:
             c._admins = {"sim": AdminClient(session, sim.url, sim.token)}
             await c._admit("sim", None, 1000.0)
             # Nothing is set, so the cap in force stays none: the estimate moving 2% is not said again, doubling is.
-            c._saturated["sim"].extend(Saturated(1000.5, 2080.0, 8.0) for _ in range(3))
+            c._engines["sim"].saturated.extend(Saturated(1000.5, 2080.0, 8.0) for _ in range(3))
             await c._admit("sim", None, 1001.0)
-            c._saturated["sim"].extend(Saturated(1001.5, 4000.0, 8.0) for _ in range(9))
+            c._engines["sim"].saturated.extend(Saturated(1001.5, 4000.0, 8.0) for _ in range(9))
             await c._admit("sim", None, 1002.0)
         await c._http.aclose()
 
@@ -476,11 +477,11 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, 
     c = Controller(config, Store(tmp_path / "hook.db"), admins={})
 
     async def ticks() -> list[bool]:
-        c._due["a"] = 1000.0 + 3600  # the last tick was scheduled an hour ahead of where NTP put the clock
+        c._engines["a"].due = 1000.0 + 3600  # the last tick was scheduled an hour ahead of where NTP put the clock
         c._admins = {}
         started = []
         c.tick(1000.0, {"a": EngineState()})
-        started.append("a" in c._in_flight)
+        started.append(c._engines["a"].in_flight is not None)
         await c.close()
         return started
 
@@ -488,9 +489,9 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, 
     # Nor does a window across the step count: its length is negative, and its rates would be a billion times over.
     assert c._remember("a", read_sample(vllm_exposition, 5000.0)) is None  # the first sample: no window yet
     assert c._remember("a", read_sample(vllm_exposition, 5002.0)).seconds == 2.0
-    c._saturated["a"].append(Saturated(5002.0, 2000.0))  # the door's, which would count as new from 5002 on
+    c._engines["a"].saturated.append(Saturated(5002.0, 2000.0))  # the door's, which would count as new from 5002 on
     assert c._remember("a", read_sample(vllm_exposition, 1000.0)) is None, "a window across the clock's step back"
-    assert not c._saturated["a"]
+    assert not c._engines["a"].saturated
     assert c._remember("a", read_sample(vllm_exposition, 1002.0)).seconds == 2.0
 
 
@@ -506,10 +507,11 @@ def test_the_breaker_keeps_the_doors_figures_when_the_admin_api_times_out_under_
         async with aiohttp.ClientSession() as session:
             service = Remediator(config, Store(tmp_path / "hook.db"), session, {"BATCHLENS_ADMIN_TOKEN": TOKEN})
             service.states["e"] = EngineState(applied_limit=32, capacity=64)
-            service.controller.states["e"] = Steering(cap=3000, cap_seen=True)
-            service.controller._minutes["e"] = Window(60, 32, 0, 0.5, 800, 0, Histogram(((0.1, 9.0), (math.inf, 10.0)),
-                                                      0.3), Histogram(((0.05, 100.0), (math.inf, 100.0)), 3.0),
-                                                      rejected_per_second=2, finished_per_second=8)  # fmt: skip
+            service.controller.states["e"] = Steering(door=DoorState(cap=3000, seen=True))
+            service.controller._engines["e"].minute = Window(
+                60, 32, 0, 0.5, 800, 0, Histogram(((0.1, 9.0), (math.inf, 10.0)), 0.3),
+                Histogram(((0.05, 100.0), (math.inf, 100.0)), 3.0), rejected_per_second=2,
+                finished_per_second=8)  # fmt: skip
             obs = await service._observe("e")
             await service.controller.close()
             return obs

@@ -19,11 +19,12 @@ who owns the limit, checked in this order each tick:
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from batchlens.config import Control
 from batchlens.control.admission import AdmissionSettings
 from batchlens.control.capacity import Capacity
+from batchlens.control.door import DoorState
 from batchlens.control.law import Peak, State, Tuning, decide
 from batchlens.control.signals import Window
 from batchlens.goodput import Slo
@@ -40,15 +41,7 @@ class Steering:
     law: State | None = None  # the law's own state; None until the controller's first tick
     seen_limit: int | None = None  # the limit in force at the last tick
     manual_until: float = 0.0
-    # The door (control.admission): the queued-token cap batchlens last set or found in force (None: no cap),
-    # whether it ever read or set one (a restart goes on from it), and until when a cap set by hand stands. And the
-    # cap last sent (None: no cap), where cap_sent_seen, until the next read: a PUT that failed or was cut off may
-    # have landed, so finding it is no hand's.
-    cap: int | None = None
-    cap_seen: bool = False
-    cap_manual_until: float = 0.0
-    cap_sent: int | None = None
-    cap_sent_seen: bool = False
+    door: DoorState = field(default_factory=DoorState)  # the door's queued-token cap (control/door.py)
 
     @property
     def limit(self) -> int | None:
@@ -66,18 +59,18 @@ class Steering:
     def without_door(self) -> Steering:
         """All but what it keeps of the door: with admission off, a cap stored by a run with it on is no
         reference."""
-        return replace(self, **{k: _BLANK[k] for k in _DOOR})
+        return replace(self, door=DoorState())
 
     def to_dict(self) -> dict:
         """Flat, as the store has always held it: the law's fields beside the live ones."""
         law = {} if self.law is None else asdict(self.law)  # the peak and the capacity model too, as dicts
-        door = {k: getattr(self, k) for k in _DOOR}
+        door = {key: getattr(self.door, name) for name, key in _DOOR.items()}
         return {"limit": None, **law, "seen_limit": self.seen_limit, "manual_until": self.manual_until, **door}
 
     @classmethod
     def from_dict(cls, data: dict) -> Steering:
-        door = {k: data[k] for k in _DOOR if k in data}  # older stores: none, or some
-        live = cls(seen_limit=data.get("seen_limit"), manual_until=data.get("manual_until", 0.0), **door)
+        door = DoorState(**{name: data[key] for name, key in _DOOR.items() if key in data})  # older: none, or some
+        live = cls(seen_limit=data.get("seen_limit"), manual_until=data.get("manual_until", 0.0), door=door)
         if data.get("limit") is None:
             return live
         peak = data.get("peak")
@@ -95,8 +88,8 @@ class Steering:
 
 
 _LAW = tuple(f.name for f in fields(State) if f.name not in ("peak", "capacity"))
-_DOOR = ("cap", "cap_seen", "cap_manual_until", "cap_sent", "cap_sent_seen")
-_BLANK = {f.name: f.default for f in fields(Steering)}
+#: The door's fields as the store has always held them, flat beside the limit's: cap, cap_seen, cap_sent, ...
+_DOOR = {f.name: f.name if f.name == "cap" else f"cap_{f.name}" for f in fields(DoorState)}
 
 
 @dataclass(frozen=True)

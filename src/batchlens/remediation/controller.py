@@ -20,16 +20,11 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from batchlens.config import Config, by_instance
-from batchlens.control.admission import (
-    CapDecision,
-    Saturated,
-    queued_token_cap,
-    saturated,
-    worth_setting,
-)
+from batchlens.control.admission import CapDecision, Saturated, saturated, worth_setting
+from batchlens.control.door import UNSET, DoorState, admit
 from batchlens.control.law import one_slot
 from batchlens.control.signals import EngineSample, NotFinite, Window, read_sample, window
 from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, door_settings, steer
@@ -42,13 +37,34 @@ from batchlens.remediation.store import Store
 
 log = logging.getLogger("batchlens.control")
 ESTIMATE_SECONDS = 60.0  # the attainment and goodput estimates cover about this much of the past
-UNSET = object()  # a cap batchlens has not set yet on an engine (None is "no cap")
+__all__ = ["UNSET", "Controller", "Estimate", "holds"]  # UNSET: the door's, re-exported for the hook's server
 
 
 @dataclass(frozen=True)
 class Estimate:
     attainment: float  # NaN while nothing was served
     goodput_rps: float
+
+
+@dataclass
+class _Engine:
+    """What the controller knows of one engine while it runs, beside its Steering (which the store keeps): learned
+    again after a restart, or said again in the log."""
+
+    urls: list[str]  # its /metrics: one server's, or every server's of a deployment, judged as one engine
+    samples: deque[EngineSample] = field(default_factory=deque)  # about a minute of them
+    minute: Window | None = None  # its last minute, for the breaker's view of the door
+    saturated: deque[Saturated] = field(default_factory=lambda: deque(maxlen=64))  # the door's windows
+    due: float = 0.0
+    in_flight: asyncio.Task | None = None
+    saved_at: float = -math.inf  # when its state last went to the store
+    capacity: int | None = None  # the max_num_seqs its bounds were last said for
+    door_answers: bool = False  # its cap route answered the last tick's calls
+    failing: str | None = None  # the reading's failure last logged
+    admission_failing: str | None = None  # the cap's failure last logged
+    dry_run_said: object = UNSET  # the cap a dry run last said it would set
+    behind_said: list[int] = field(default_factory=list)  # its API servers without the caps, last said
+    fault_said: str = ""  # the GPU fault last said
 
 
 def holds(breaker: EngineState) -> bool:
@@ -77,12 +93,11 @@ class Controller:
         self._http = HttpGetter()  # the exporter's GET: one pool of kept-alive connections to the engines
         self._admins = admins
         self._limit = config.exporter.max_response_bytes
-        # Each engine's /metrics: one server's, or every server's of a deployment, judged as one engine.
-        self._urls = {
-            name: [s.url + "/metrics" for s in servers] for name, servers in by_instance(config.engines).items()
-        }
+        deployments = by_instance(config.engines)
+        self._engines = {name: _Engine([s.url + "/metrics" for s in servers]) for name, servers in deployments.items()}
         saved = store.controls()
-        self.states = {name: saved.get(name, Steering()) for name in self._urls}
+        # The controller's outputs, by engine: what it keeps (stored), the caps and estimates the hook exports.
+        self.states = {name: saved.get(name, Steering()) for name in self._engines}
         if not config.control.admission:  # a cap stored by an earlier run with the door on is no reference now
             self.states = {name: s.without_door() for name, s in self.states.items()}
         self._started = started = clock()
@@ -90,30 +105,17 @@ class Controller:
             if state.manual_until > started:  # a restart must not hide that a hand still holds the knob
                 log.warning("%s: a limit set by hand still holds control off for %.0f s (manual_hold_seconds), at %s",
                             name, state.manual_until - started, state.limit)  # fmt: skip
-            if state.cap_manual_until > started:
+            if state.door.manual_until > started:
                 log.warning("%s: a queued-token cap set by hand still holds the door's control off for %.0f s "
-                            "(manual_hold_seconds), at %s", name, state.cap_manual_until - started,
-                            _cap(state.cap))  # fmt: skip
+                            "(manual_hold_seconds), at %s", name, state.door.manual_until - started,
+                            _cap(state.door.cap))  # fmt: skip
         self.decisions: Counter[tuple[str, str]] = Counter()  # (instance, reason)
         self.estimates: dict[str, Estimate] = {}
-        self._minutes: dict[str, Window] = {}  # instance -> its last minute, for the breaker's view of the door
-        self._samples: dict[str, deque[EngineSample]] = {name: deque() for name in self._urls}
-        self._due = dict.fromkeys(self._urls, 0.0)
-        self._failing: dict[str, str] = {}  # instance -> the failure last logged
-        self._in_flight: dict[str, asyncio.Task] = {}
-        self._on_decided = on_decided
-        self._admission = door_settings(config.control, config.slo.ttft_seconds) if config.control.admission else None
-        self._saturated: dict[str, deque[Saturated]] = {name: deque(maxlen=64) for name in self._urls}
-        self._saved_at: dict[str, float] = {}  # when each engine's state last went to the store
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
-        self._admission_failing: dict[str, str] = {}  # instance -> the cap failure last logged
-        self._door_answers: dict[str, bool] = {}  # instance -> its cap route answered the last tick's calls
-        self._capacity: dict[str, int] = {}  # instance -> the max_num_seqs its bounds were last said for
-        self._dry_run_said: dict[str, int | None] = {}  # instance -> the cap a dry run last said it would set
-        self._behind_said: dict[str, list[int]] = {}  # instance -> its API servers without the caps, last said
         #: instance -> what ails a GPU of it (remediation.confirm.fault_text), as the hook last asked Prometheus
         self.gpu_faults: dict[str, str] = {}
-        self._fault_said: dict[str, str] = {}
+        self._on_decided = on_decided
+        self._admission = door_settings(config.control, config.slo.ttft_seconds) if config.control.admission else None
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open
@@ -132,7 +134,7 @@ class Controller:
     def cap_in_force(self, name: str) -> object:
         """The queued-token cap batchlens last set or found on the engine (None: no cap), or UNSET: none yet."""
         state = self.states.get(name)
-        return state.cap if state is not None and state.cap_seen else UNSET
+        return UNSET if state is None else state.door.known
 
     def _door_works(self, name: str) -> bool:
         """Whether batchlens keeps a door on the engine: admission on, not a dry run, and its cap route answers.
@@ -140,11 +142,11 @@ class Controller:
         A door that fails open for want of figures still counts: the backlog that growth builds gives it its
         saturated windows within a few ticks, and then it sheds. A route that errs (a release without caps and
         without the plugin's middleware) never will."""
-        return self._admission is not None and not self.door_dry_run and self._door_answers.get(name, False)
+        return self._admission is not None and not self.door_dry_run and self._engines[name].door_answers
 
     def door(self, name: str) -> Door | None:
         """The engine's door for the breaker: None unless batchlens holds a queued-token cap in force on it."""
-        cap, minute = self.cap_in_force(name), self._minutes.get(name)
+        cap, minute = self.cap_in_force(name), self._engines[name].minute if name in self._engines else None
         if self._admission is None or not isinstance(cap, int) or minute is None:
             return None
         rate = self.caps[name].prefill_tokens_per_second if name in self.caps else None
@@ -153,24 +155,28 @@ class Controller:
     def tick(self, now: float, breakers: Mapping[str, EngineState]) -> None:
         """Start a read-and-decide for every engine that is due; each runs on its own, so a hanging engine
         delays nobody else. ``on_decided`` is called when one finishes, for the hook to apply what it chose."""
-        for name, at in self._due.items():
+        for name, engine in self._engines.items():
             # Due, or the wall clock stepped back (NTP) past the interval: a tick now, not in an hour.
-            if (now >= at or at - now > self.control.interval_seconds) and name not in self._in_flight:
-                self._due[name] = now + self.control.interval_seconds
+            at = engine.due
+            if (now >= at or at - now > self.control.interval_seconds) and engine.in_flight is None:
+                engine.due = now + self.control.interval_seconds
                 task = asyncio.create_task(self._tick_one(name, now, breakers), name=f"control-{name}")
-                self._in_flight[name] = task
+                engine.in_flight = task
                 task.add_done_callback(lambda _t, name=name: self._done(name))
 
     def _done(self, name: str) -> None:
-        task = self._in_flight.pop(name)
+        engine = self._engines[name]
+        task, engine.in_flight = engine.in_flight, None
+        assert task is not None
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: a controller tick failed", name, exc_info=task.exception())
         self._on_decided()
 
     async def close(self) -> None:
-        for task in list(self._in_flight.values()):
+        tasks = [e.in_flight for e in self._engines.values() if e.in_flight is not None]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._http.aclose()
 
     async def _tick_one(self, name: str, now: float, breakers: Mapping[str, EngineState]) -> None:
@@ -183,7 +189,7 @@ class Controller:
             why = f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)" if isinstance(
                 exc, TimeoutError) else str(exc)  # fmt: skip
             foreseen = isinstance(exc, (TimeoutError, AdminCallError, SourceError, ParseError, NotFinite))
-            if not foreseen and self._failing.get(name) != why:  # its traceback once, not every tick
+            if not foreseen and self._engines[name].failing != why:  # its traceback once, not every tick
                 log.error("%s: an engine's answer the controller cannot read", name, exc_info=exc)
             self._not_steered(name, why)
             if self._admission is not None:
@@ -191,22 +197,24 @@ class Controller:
                 # open, never shut): the cap route may answer where the engine core or /metrics does not.
                 await self._admit(name, None, now)
             return
-        if self._failing.pop(name, None) is not None:
+        engine = self._engines[name]
+        if engine.failing is not None:
+            engine.failing = None
             log.info("%s: answering again: steering resumes after one more reading", name)
-        if self._capacity.get(name) != batch.max_num_seqs:  # once, and again if the engine came back resized
-            self._capacity[name] = batch.max_num_seqs
+        if engine.capacity != batch.max_num_seqs:  # once, and again if the engine came back resized
+            engine.capacity = batch.max_num_seqs
             said, clamped = bounds_said(self.control, batch.max_num_seqs)
             log.log(logging.WARNING if clamped else logging.INFO, "%s: the controller uses %s", name, said)
         signals = self._remember(name, sample)
         before, breaker = self.states[name], breakers[name]  # the breaker as it is now, after the reads
         fault = self.gpu_faults.get(name, "")
-        if fault != self._fault_said.get(name, ""):
+        if fault != engine.fault_said:
             if fault:
                 log.warning("%s: a GPU of it is failing (%s): the controller holds the limit and learns nothing "
                             "from its windows until the GPU alerts clear", name, fault)  # fmt: skip
             else:
                 log.info("%s: its GPU alerts cleared: steering resumes", name)
-            self._fault_said[name] = fault
+            engine.fault_said = fault
         # Limits the hook set or is setting right now (a PUT may land between our read and its bookkeeping).
         ours = {breaker.applied_limit, breaker.target_limit, before.limit}
         result = steer(
@@ -219,10 +227,10 @@ class Controller:
         self.states[name] = result.state
         self._report(name, before, result, signals, batch.max_num_active_seqs)
         if result.state.without_model() != before.without_model() or (
-            result.state != before and now - self._saved_at.get(name, -math.inf) >= MODEL_SAVE_SECONDS
+            result.state != before and now - engine.saved_at >= MODEL_SAVE_SECONDS
         ):
             await self.store.run(self.store.save_control, name, result.state, now)
-            self._saved_at[name] = now
+            engine.saved_at = now
         if self._admission is not None:
             await self._admit(name, signals, now)
 
@@ -245,62 +253,48 @@ class Controller:
 
     async def _door_tick(self, name: str, signals: Window | None, now: float) -> None:
         assert self._admission is not None
+        engine = self._engines[name]
         try:
             admission = await self._admins[name].admission()
         except AdminCallError as exc:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
         in_force = admission.max_num_queued_tokens
-        if admission.api_servers_behind != self._behind_said.get(name, []):
-            self._behind_said[name] = admission.api_servers_behind
+        if admission.api_servers_behind != engine.behind_said:
+            engine.behind_said = admission.api_servers_behind
             if admission.api_servers_behind:
                 log.warning("%s: API server(s) %s of %d do not have the door's caps in force: hung, or started "
                             "without the plugin (VLLM_PLUGINS=batchlens must reach the whole vllm serve); the caps "
                             "do not hold for the requests they take", name, admission.api_servers_behind,
                             admission.api_servers)  # fmt: skip
-        state = self.states[name]
-        ours, sent = self.cap_in_force(name), state.cap_sent if state.cap_sent_seen else UNSET
-        self._door(name, cap_sent=None, cap_sent_seen=False)
-        if ours is not UNSET and in_force != ours and in_force != sent:  # a PUT that timed out may have landed
+        if signals is not None and (window_seen := saturated(signals, now)) is not None:
+            engine.saturated.append(window_seen)
+        door = admit(
+            self.states[name].door, now=now, in_force=in_force, history=engine.saturated, settings=self._admission,
+            manual_hold_seconds=self.control.manual_hold_seconds,
+            resume_until=self._started + self._admission.stale_seconds,
+        )  # fmt: skip
+        if door.manual:
             log.warning("%s: the queued-token cap is %s where batchlens last set or found %s: set by hand (or the "
                         "engine restarted, or a second hook steers it); the controller leaves the cap alone for %g s",
-                        name, _cap(in_force), _cap(ours), self.control.manual_hold_seconds)  # fmt: skip
-            self._door(name, cap_manual_until=now + self.control.manual_hold_seconds)
-        self._door(name, cap=in_force, cap_seen=True)  # the first tick, a restart (kill -9) or a hand: go on from it
-        hold_until = self.states[name].cap_manual_until
+                        name, _cap(in_force), _cap(self.states[name].door.known),
+                        self.control.manual_hold_seconds)  # fmt: skip
+        self._door(name, door.state)
         # The door answers (until a set fails below), unless a hand opened it: then nothing sheds while it holds.
-        self._door_answers[name] = in_force is not None or now >= hold_until
-        if signals is not None and (window_seen := saturated(signals, now)) is not None:
-            self._saturated[name].append(window_seen)
-        decision = self.caps[name] = queued_token_cap(self._saturated[name], now, self._admission)
-        # While the cap in force stands, it is also the target the hook exports: +Inf would read as a door about
-        # to open.
-        if now < hold_until:
-            self.caps[name] = CapDecision(in_force, "manual_hold", decision.prefill_tokens_per_second)
-            self.decisions[(name, "admission_manual_hold")] += 1
-            return
-        if (decision.cap is None and decision.reason in ("no_signal", "too_few_windows") and in_force is not None
-                and now < self._started + self._admission.stale_seconds):  # fmt: skip
-            # Just started (a restart after kill -9, or onto a cap set at launch): the cap in force stands until
-            # the estimate is sure or has had the time to be. Lifting it would open the door on a loaded engine.
-            self.caps[name] = CapDecision(in_force, "resumed", None)
-            self.decisions[(name, "admission_resumed")] += 1
-            return
+        engine.door_answers = not door.state.opened_by_hand(now)
+        decision = self.caps[name] = door.decision
         self.decisions[(name, f"admission_{decision.reason}")] += 1
-        if not worth_setting(in_force, decision.cap, self._admission):
+        if not door.change:
             return
         if self.door_dry_run:
-            said = self._dry_run_said.get(name, UNSET)
             # Nothing is set, so the cap in force never moves: said again only where it would be set again.
-            if said is UNSET or worth_setting(said, decision.cap, self._admission):
-                self._dry_run_said[name] = decision.cap
+            if engine.dry_run_said is UNSET or worth_setting(engine.dry_run_said, decision.cap, self._admission):
+                engine.dry_run_said = decision.cap
                 log.info("%s: dry run: would set the queued-token cap %s -> %s (%s)", name, _cap(in_force),
                          _cap(decision.cap), decision.reason)  # fmt: skip
             return
         rate = decision.prefill_tokens_per_second  # the engine's 503s announce the drain time from it
-        # Kept, and stored, before the PUT, which may land and still fail or time out: then neither the next tick
-        # nor a restart after a kill -9 must take the cap it finds for a hand's.
-        self._door(name, cap_sent=decision.cap, cap_sent_seen=True)
+        self._door(name, door.state.sending(decision.cap))
         await self.store.run(self.store.save_control, name, self.states[name], now)  # a kill -9 during the PUT
         try:
             await self._admins[name].set_admission(max_num_queued_tokens=decision.cap, prefill_tokens_per_second=rate)
@@ -308,55 +302,58 @@ class Controller:
             self._admission_failed(name, f"cannot set its queued-token cap: {exc}")
             return
         why = "no cap: the door fails open" if rate is None else f"prefill {rate:.0f} tokens/s"
-        self._admission_failing.pop(name, None)
+        engine.admission_failing = None
         log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(in_force), _cap(decision.cap), decision.reason,
                  why)  # fmt: skip
-        self._door(name, cap=decision.cap, cap_seen=True)
+        self._door(name, self.states[name].door.landed(decision.cap))
 
-    def _door(self, name: str, **fields: object) -> None:
-        """Change what the engine's Steering keeps of its door (the cap, and a hand's hold on it)."""
-        self.states[name] = replace(self.states[name], **fields)
+    def _door(self, name: str, door: DoorState) -> None:
+        """Keep what the engine's Steering knows of its door (the cap, and a hand's hold on it)."""
+        self.states[name] = replace(self.states[name], door=door)
 
     def _admission_failed(self, name: str, why: str) -> None:
         """The cap could not be read or set; the limit is steered all the same (a release without caps: 501)."""
         self.decisions[(name, "admission_error")] += 1
-        self._door_answers[name] = False
-        if self._admission_failing.get(name) != why:
+        engine = self._engines[name]
+        engine.door_answers = False
+        if engine.admission_failing != why:
             log.warning("%s: %s; the batch limit does not wait on it, and the cap is retried every %g s", name, why,
                         self.control.interval_seconds)  # fmt: skip
-            self._admission_failing[name] = why
+            engine.admission_failing = why
 
     def _not_steered(self, name: str, why: str) -> None:
-        self._samples[name].clear()  # the next good answer starts a fresh window
-        self._minutes.pop(name, None)  # and the breaker judges no door on a minute that has ended
-        self._door_answers.pop(name, None)  # what answers when it is back (another release?) is asked again
+        engine = self._engines[name]
+        engine.samples.clear()  # the next good answer starts a fresh window
+        engine.minute = None  # and the breaker judges no door on a minute that has ended
+        engine.door_answers = False  # what answers when it is back (another release?) is asked again
         self.decisions[(name, "no_signal")] += 1
-        if self._failing.get(name) != why:  # once per kind of failure, not every tick
+        if engine.failing != why:  # once per kind of failure, not every tick
             log.warning("%s: not steered: %s; holding the limit, retrying every %g s", name, why,
                         self.control.interval_seconds)  # fmt: skip
-            self._failing[name] = why
+            engine.failing = why
 
     async def _fetch(self, name: str) -> list[str]:
         """The engine's /metrics, from each of its servers: a deployment is steered on all of them, or none."""
         get = self._http.text
         return list(await asyncio.gather(*(get(url, timeout=self.control.timeout_seconds, limit=self._limit)
-                                           for url in self._urls[name])))  # fmt: skip
+                                           for url in self._engines[name].urls)))  # fmt: skip
 
     def _remember(self, name: str, sample: EngineSample) -> Window | None:
         """Keep about a minute of samples: the law judges the last tick, the estimates the whole minute."""
-        samples = self._samples[name]
+        engine = self._engines[name]
+        samples = engine.samples
         if samples and sample.time <= samples[-1].time:
             # The wall clock stepped back (NTP): a window of negative length has no rates, and the door's windows
             # would count again, as new, once the clock caught up with their stamps.
             samples.clear()
-            self._saturated[name].clear()
+            engine.saturated.clear()
         previous = samples[-1] if samples else None
         samples.append(sample)
         while len(samples) > 2 and sample.time - samples[1].time >= ESTIMATE_SECONDS:
             samples.popleft()
         if previous is None:
             return None
-        minute = self._minutes[name] = window(samples[0], sample)
+        minute = engine.minute = window(samples[0], sample)
         self.estimates[name] = Estimate(minute.attainment(self.slo), minute.goodput(self.slo))
         return window(previous, sample)
 

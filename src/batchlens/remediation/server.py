@@ -324,7 +324,7 @@ class RemediationServer:
         # limit: the controller's; limit_in_force: what the engine reported at its last tick (null before one).
         # The holds are in force now, a limit's or a cap's set by hand, kept over a restart.
         engines = {name: {"limit": s.limit, "limit_in_force": s.seen_limit, "manual_hold": s.manual_until > now,
-                          "cap_manual_hold": s.cap_manual_until > now} for name, s in c.states.items()}  # fmt: skip
+                          "cap_manual_hold": s.door.manual_until > now} for name, s in c.states.items()}  # fmt: skip
         if self.config.control.admission:
             # The door beside it: the cap in force at the last read and the cap wanted (null: no cap), each once known.
             for name, health in engines.items():

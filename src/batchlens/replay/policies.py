@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from batchlens.config import Control
-from batchlens.control.admission import AdmissionSettings, Saturated, queued_token_cap, saturated, worth_setting
+from batchlens.control.admission import AdmissionSettings, Saturated, saturated
+from batchlens.control.door import DoorState, admit
 from batchlens.control.law import State, Tuning, decide
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import EngineSample, read_sample, window
@@ -112,7 +113,8 @@ class Adaptive:
 class Admitting:
     """A limit policy with the controller's queued-token cap beside it, fed the same /metrics windows.
 
-    ``queued_token_cap`` is the cap in force, which the replay's door applies to each arrival as vLLM does.
+    ``queued_token_cap`` is the cap in force, which the replay's door applies to each arrival as vLLM does. It moves
+    by the hook's own rules (control/door.py), where no hand moves it and nothing restarts.
     """
 
     wants_metrics = True
@@ -123,12 +125,13 @@ class Admitting:
         self.tick_seconds = limits.tick_seconds if limits.wants_metrics else tick_seconds  # the controller's tick
         self.settings = settings or AdmissionSettings(slo.ttft_seconds)
         self.queued_token_cap: int | None = None  # the door open until the estimate is sure
+        self._door = DoorState()
         self._saturated: deque[Saturated] = deque(maxlen=64)
         self._previous: EngineSample | None = None
         self.decisions: dict[str, int] = {}
 
     def initial(self, capacity: int) -> int:
-        self.queued_token_cap, self._previous = None, None
+        self.queued_token_cap, self._previous, self._door = None, None, DoorState()
         self._saturated.clear()
         start = self.limits.initial(capacity)
         if isinstance(self.limits, Adaptive) and self.limits.pid is None:  # the law grows knowing the door sheds
@@ -140,10 +143,11 @@ class Admitting:
         if self._previous is not None and (seen := saturated(window(self._previous, sample), signals.now)):
             self._saturated.append(seen)
         self._previous = sample
-        decision = queued_token_cap(self._saturated, signals.now, self.settings)
-        if worth_setting(self.queued_token_cap, decision.cap, self.settings):
-            self.queued_token_cap = decision.cap
-        key = f"admission_{decision.reason}"
+        tick = admit(self._door, now=signals.now, in_force=self.queued_token_cap, history=self._saturated,
+                     settings=self.settings, manual_hold_seconds=0.0)  # fmt: skip
+        self._door = tick.state.landed(tick.decision.cap) if tick.change else tick.state
+        self.queued_token_cap = self._door.cap
+        key = f"admission_{tick.decision.reason}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
         limit = self.limits.decide(signals)
         for reason, count in getattr(self.limits, "decisions", {}).items():
