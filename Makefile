@@ -84,7 +84,7 @@ mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM, the exporter's server
+bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM, the exporter's memory at 8 engines
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
@@ -96,7 +96,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/proxy_cost.py
 	$(BIN)/python benchmarks/control_vllm.py
-	$(BIN)/python benchmarks/exporter_server.py --minutes 3
+	$(BIN)/python benchmarks/memory.py --engines 8 --interval 1 --minutes 3
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist src/*.egg-info

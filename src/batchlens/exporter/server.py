@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -57,6 +58,7 @@ class Exporter:
         self._executors: list[DaemonWorker] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._body_version = -1
+        self._body_lock = threading.Lock()  # scrapes come in on the HTTP server's threads
         self._static = engine_roles(config.engines)
         self._body = b""
         self._nvml: NvmlSource | None = None
@@ -188,10 +190,11 @@ class Exporter:
 
     def body(self) -> bytes:
         """The rendered snapshot, rendered again only when a source published."""
-        snapshot = self.store.snapshot()
-        if snapshot.version != self._body_version:
-            self._body, self._body_version = render(snapshot, self._static), snapshot.version
-        return self._body
+        with self._body_lock:
+            snapshot = self.store.snapshot()
+            if snapshot.version != self._body_version:
+                self._body, self._body_version = render(snapshot, self._static), snapshot.version
+            return self._body
 
     def metrics(self) -> Answer:
         return Answer(200, CONTENT_TYPE_LATEST, self.body())

@@ -63,7 +63,8 @@ class Snapshot:
 
 
 class SnapshotStore:
-    """Holds the latest state per source. Used from one event loop: no locks."""
+    """Holds the latest state per source. Written from one event loop and read from the HTTP server's threads: each
+    change swaps in a new mapping before the version moves, so a reader never sees one half made."""
 
     def __init__(self) -> None:
         self._states: Mapping[SourceKey, SourceState] = MappingProxyType({})
