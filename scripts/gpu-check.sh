@@ -16,7 +16,7 @@
 # The scrapes, doctor's report and a summary land in OUTDIR; record them in docs/gpu-validation.md.
 #
 # Needs: python3 with torch (CUDA), nvidia-ml-py, aiohttp, click, psutil, prometheus-client,
-# PyYAML, pydantic and grafanalib. The package itself runs from src/ (no install). Wheels of the
+# PyYAML, pydantic and grafana-foundation-sdk. The package itself runs from src/ (no install). Wheels of the
 # missing packages can be put in ./.whl: all of them are installed (pip install --no-index --no-deps).
 set -euo pipefail
 
@@ -26,7 +26,7 @@ mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-if ! "$PY" -c "import pydantic, grafanalib" 2>/dev/null && [ -d .whl ]; then
+if ! "$PY" -c "import pydantic, grafana_foundation_sdk" 2>/dev/null && [ -d .whl ]; then
     "$PY" -m pip install -q --no-index --no-deps .whl/*.whl
 fi
 

@@ -61,7 +61,7 @@ def test_the_schema_check_names_the_dashboard_panel_and_key_it_does_not_know(tmp
     stat["options"]["reduceOptionz"] = stat["options"].pop("reduceOptions")  # a misspelt option
     series = next(p for p in gpu["panels"] if p["type"] == "timeseries")
     series["fieldConfig"]["defaults"]["custom"]["lineWidht"] = 2
-    series["span"] = 6  # grafanalib's legacy grid
+    series["span"] = 6  # the legacy grid (Grafana before 5)
     gpu["templating"]["list"][0]["useTags"] = False
     gpu["annotations"]["list"][-1]["expr"] = "up"  # the legacy place of a Prometheus annotation's query
     done = check_grafana_schema(boards, tmp_path)

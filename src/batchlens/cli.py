@@ -3,7 +3,7 @@
 Each command's click wiring lives in its own package (``<package>/command.py``),
 next to the code it drives; what the wirings share is in clikit.py. A command is
 imported only when it runs (or when help lists it): `batchlens exporter` loads
-neither grafanalib nor matplotlib nor the other commands' code, and a long-running
+neither the Grafana SDK nor matplotlib nor the other commands' code, and a long-running
 exporter holds only the memory it uses (benchmarks/memory.py).
 """
 

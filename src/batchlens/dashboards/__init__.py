@@ -1,4 +1,4 @@
-"""Grafana dashboards as grafanalib code: one module per dashboard, shared parts in ``kit``."""
+"""Grafana dashboards built with Grafana's own SDK: one module per dashboard, shared parts in ``kit``."""
 
 from __future__ import annotations
 

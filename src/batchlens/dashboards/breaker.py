@@ -8,10 +8,20 @@ estimates, its decisions by reason); the breaker is the safety layer around it
 
 from __future__ import annotations
 
-from grafanalib.core import StateTimeline, Table
+from grafana_foundation_sdk.models.dashboard import ValueMap, ValueMappingResult
 
 from batchlens.config import Thresholds
-from batchlens.dashboards.kit import DATASOURCE, INSTANCE, dashboard, place, target, timeseries
+from batchlens.dashboards.kit import (
+    INSTANCE,
+    annotation,
+    dashboard,
+    grid,
+    place,
+    state_timeline,
+    target,
+    timeseries,
+    transformation,
+)
 from batchlens.remediation.states import BREAKER_STATES
 
 BY = "cluster, vllm_instance"
@@ -27,35 +37,20 @@ def state_code() -> str:
 
 
 def breaker(thresholds: Thresholds) -> dict:
-    timeline = StateTimeline(
-        title="Breaker state",
-        description="; ".join(f"{s}: {meaning}" for s, meaning in BREAKER_STATES.items()),
-        dataSource=DATASOURCE,
-        targets=[target(state_code())],
-        mappings=[
-            {
-                "type": "value",
-                "options": {
-                    str(code): {"text": state, "color": COLORS[state], "index": code}
-                    for code, state in enumerate(BREAKER_STATES)
-                },
-            }
-        ],
-        mergeValues=True,
+    states = {str(code): ValueMappingResult(text=state, color=COLORS[state], index=code)
+              for code, state in enumerate(BREAKER_STATES)}  # fmt: skip
+    timeline = state_timeline(
+        "Breaker state",
+        target(state_code()),
+        "; ".join(f"{s}: {meaning}" for s, meaning in BREAKER_STATES.items()),
+        [ValueMap(options=states)],
     )
-    alerts = Table(
-        title="Alerts firing",
-        description="batchlens alerts firing now for the selected engines (Prometheus' ALERTS series).",
-        dataSource=DATASOURCE,
-        targets=[
-            target(
-                f'max by (alertname, severity, cluster, vllm_instance) (ALERTS{{alertstate="firing", {INSTANCE}}})',
-                "",
-                fmt="table",
-                instant=True,
-            )
-        ],
-        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True}}}],
+    firing = f'max by (alertname, severity, cluster, vllm_instance) (ALERTS{{alertstate="firing", {INSTANCE}}})'
+    alerts = grid(
+        "Alerts firing",
+        [target(firing, "", fmt="table", instant=True)],
+        "batchlens alerts firing now for the selected engines (Prometheus' ALERTS series).",
+        [transformation("organize", excludeByName={"Time": True, "Value": True})],
     )
     panels = place(
         [
@@ -76,7 +71,7 @@ def breaker(thresholds: Thresholds) -> dict:
                     (timeseries("Controller decisions by reason",
                                 ("sum by (reason) (increase(batchlens_controller_decisions_total"
                                  f"{{{INSTANCE}}}[$__rate_interval]))", "{{reason}}"),
-                                drawStyle="bars",
+                                bars=True,
                                 description="What each tick decided: headroom and slow_start grow; pace_over, "
                                             "kv_ceiling, keep_up and past_peak cut; drain waits after a cut; "
                                             "manual_hold, breaker_open and no_signal mean control is paused "
@@ -103,7 +98,7 @@ def breaker(thresholds: Thresholds) -> dict:
                     (timeseries("Remediation actions",
                                 ("sum by (action, result) (increase(batchlens_remediation_actions_total"
                                  f"{{{INSTANCE}}}[$__rate_interval]))", "{{action}} {{result}}"),
-                                drawStyle="bars"), 8),
+                                bars=True), 8),
                 ],
             ),
             (
@@ -160,15 +155,11 @@ def breaker(thresholds: Thresholds) -> dict:
 
 
 #: When control stops steering an engine: a hand set the limit, the breaker opened, or the engine went silent.
-PAUSED = {
-    "name": "Controller paused",
-    "datasource": DATASOURCE,
-    "enable": True,
-    "iconColor": "purple",
-    "expr": "sum by (cluster, vllm_instance, reason) (increase(batchlens_controller_decisions_total"
+PAUSED = annotation(
+    "Controller paused",
+    "purple",
+    "sum by (cluster, vllm_instance, reason) (increase(batchlens_controller_decisions_total"
     f'{{{INSTANCE}, reason=~"manual_hold|breaker_open|no_signal"}}[1m])) > 0',
-    "step": "30s",
-    "titleFormat": "Controller paused on {{vllm_instance}}: {{reason}}",
-    "textFormat": "",
-    "tagKeys": "vllm_instance,reason",
-}
+    "Controller paused on {{vllm_instance}}: {{reason}}",
+    "vllm_instance,reason",
+)

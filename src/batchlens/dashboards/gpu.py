@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from grafanalib.core import StateTimeline
-
 from batchlens.config import Thresholds
-from batchlens.dashboards.kit import DATASOURCE, GPU_SEL, dashboard, place, target, timeseries
+from batchlens.dashboards.kit import GPU_SEL, dashboard, place, state_timeline, target, timeseries
 
 GPU = "GPU {{gpu}} {{vllm_instance}}"
 CLOCK_EVENT = "batchlens_gpu_clock_event_active"
@@ -20,16 +18,10 @@ def counter(metric: str) -> str:
 
 
 def gpu(thresholds: Thresholds) -> dict:
-    throttle = StateTimeline(
-        title="Clock events (throttle reasons)",
-        description="Why NVML holds the clocks down: power cap, thermal, sync boost, ... An idle GPU shows gpu_idle.",
-        dataSource=DATASOURCE,
-        targets=[
-            target(
-                f"max by (gpu, reason) (batchlens_gpu_clock_event_active{{{GPU_SEL}}}) > 0", "GPU {{gpu}} {{reason}}"
-            )
-        ],
-        mergeValues=True,
+    throttle = state_timeline(
+        "Clock events (throttle reasons)",
+        target(f"max by (gpu, reason) (batchlens_gpu_clock_event_active{{{GPU_SEL}}}) > 0", "GPU {{gpu}} {{reason}}"),
+        "Why NVML holds the clocks down: power cap, thermal, sync boost, ... An idle GPU shows gpu_idle.",
     )
     panels = place(
         [

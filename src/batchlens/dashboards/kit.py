@@ -1,38 +1,39 @@
 """What every batchlens dashboard shares: the datasource, the variables, the links, panel makers, the grid.
 
-Queries read the recording rules (``level:metric:operation``) where one
-exists, so a panel and an alert always agree on what a number means. Every
-query filters on the template variables through :data:`SEL` (or
-:data:`GPU_SEL`), so the dashboards work in a Grafana with other data in it.
+The dashboards are built with Grafana's own SDK (``grafana-foundation-sdk``,
+generated from Grafana's schema; the release line in pyproject.toml is the
+Grafana the dashboards are written for). Queries read the recording rules
+(``level:metric:operation``) where one exists, so a panel and an alert always
+agree on what a number means. Every query filters on the template variables
+through :data:`SEL` (or :data:`GPU_SEL`), so the dashboards work in a Grafana
+with other data in it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import TypeVar
 
-from grafanalib._gen import DashboardEncoder
-from grafanalib.core import (
-    GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
-    Dashboard,
-    DashboardLink,
-    GridPos,
-    Panel,
-    Stat,
-    Target,
-    Template,
-    Templating,
-    Threshold,
-    Time,
-    TimeSeries,
-)
+from grafana_foundation_sdk.builders import common, prometheus, statetimeline, table
+from grafana_foundation_sdk.builders import dashboard as grafana
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import timeseries as timeseries_panel
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as options
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 #: The Grafana these dashboards are written for, and its dashboard schema version.
 GRAFANA_VERSION = "11.5"
 SCHEMA_VERSION = 40
+#: The pluginVersion of the XY chart and the heatmaps: a panel without it is taken for an old save and migrated,
+#: which for the XY chart rewrites the series mapping and breaks it (11.1 is the oldest that reads its JSON).
+PLUGIN_VERSION = f"{GRAFANA_VERSION}.0"
 TAG = "batchlens"
 #: Every panel reads the datasource the user picks: the JSON imports into any Grafana.
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 #: Where a series comes from; a missing cluster label is matched by "All" (.*), so one cluster needs none.
 INSTANCE = 'cluster=~"$cluster", vllm_instance=~"$vllm_instance"'
 SEL = INSTANCE + ', model_name=~"$model_name"'
@@ -48,12 +49,68 @@ UIDS = {
     "breaker": "batchlens-breaker",
 }
 
+Panel = TypeVar("Panel", bound=cogbuilder.Builder[model.Panel])
+
+
+# --- Where the SDK falls short: the one place that reaches past its builders ---------------------------------
+B = TypeVar("B", bound=cogbuilder.Builder)
+
+
+def set_model_fields(builder: B, part: str = "", **fields: object) -> B:
+    """Set fields of the SDK's model (of its ``part``, where given) that its builders do not offer.
+
+    Set: the dashboard's ``schema_version`` (the model writes 39; Grafana 11.5 saves 40) and a panel's
+    ``plugin_version`` (only the generic panel builder sets it, not the XY chart's or the heatmap's).
+    Cleared (None: not written): defaults the model writes that @grafana/schema has no key for, in 11.5 or
+    in 13.2: the interval variable's ``auto``, ``auto_min``, ``auto_count`` on every variable, the
+    time picker's ``time_options`` and the table's ``footer`` option (Grafana's default: no footer).
+    """
+    built = builder.build()  # the builder's own model object, which it goes on building
+    built = getattr(built, part) if part else built
+    for name, value in fields.items():
+        if not hasattr(built, name):
+            raise AttributeError(f"the SDK's {type(built).__name__} has no field {name}")
+        setattr(built, name, value)
+    return builder
+
+
+class PrometheusAnnotation(cogbuilder.Builder):
+    """An annotation from a Prometheus query, which the SDK's ``AnnotationQuery`` cannot hold.
+
+    The SDK types an annotation's ``target`` as the built-in Grafana annotation's (tags, limit) and has no
+    place for the options that the Prometheus data source's annotation editor keeps on the annotation
+    (``titleFormat``, ``textFormat``, ``tagKeys``), whose query is its target (``refId``, ``expr``,
+    ``interval``). This writes them over the SDK's JSON; the schema check (tests/test_dashboards.py) reads
+    the result against @grafana/schema, with these Prometheus options declared beside it.
+    """
+
+    def __init__(self, query: grafana.AnnotationQuery, **prometheus_keys: object) -> None:
+        self.query, self.keys = query.build(), prometheus_keys
+
+    def build(self) -> PrometheusAnnotation:
+        return self
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.query.to_json(), **self.keys}
+
+
+# -----------------------------------------------------------------------------------------------------------
+
 
 def target(expr: str, legend: str = ENGINE, ref: str = "A", *, fmt: str = "time_series", instant: bool = False):
-    return Target(expr=expr, legendFormat=legend, refId=ref, format=fmt, instant=instant, datasource=DATASOURCE)
+    query = (
+        prometheus.Dataquery()
+        .expr(expr)
+        .legend_format(legend)
+        .ref_id(ref)
+        .format(PromQueryFormat(fmt))
+        .interval_factor(2)  # with max_data_points(100): the step these panels have always queried at
+        .datasource(DATASOURCE)
+    )
+    return query.instant() if instant else query.range()
 
 
-def targets(*pairs: tuple[str, str]) -> list[Target]:
+def targets(*pairs: tuple[str, str]) -> list[prometheus.Dataquery]:
     """(expr, legend) pairs as targets A, B, C, ..."""
     return [target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
 
@@ -68,85 +125,172 @@ def joined(columns: dict[str, str], *, instant: bool = False, drop: tuple[str, .
     exprs = zip(refs, columns.values(), strict=True)
     queries = [target(expr, "", ref, fmt="table", instant=instant) for ref, expr in exprs]
     rename = {f"Value #{ref}": name for ref, name in zip(refs, columns, strict=True)}
-    steps = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {"renameByName": rename, "excludeByName": dict.fromkeys(drop, True)}},
+    merged = [
+        transformation("merge"),
+        transformation("organize", renameByName=rename, excludeByName=dict.fromkeys(drop, True)),
     ]
-    return queries, steps
+    return queries, merged
 
 
-def line(value: float, color: str = "red") -> list[Threshold]:
+def transformation(kind: str, **settings: object) -> model.DataTransformerConfig:
+    return model.DataTransformerConfig(id_val=kind, options=settings)
+
+
+def panel(builder: Panel, title: str, queries: list, description: str = "", transformations: Iterable = ()) -> Panel:
+    """What every panel has: its title and description, the datasource variable, its queries."""
+    return (
+        builder.title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .targets(queries)
+        .max_data_points(100)
+        .transformations(list(transformations))
+    )
+
+
+def steps(*pairs: tuple[str, float | None]) -> grafana.ThresholdsConfig:
+    """Absolute threshold steps (color, from); the first one's value is None: it starts at -Infinity."""
+    colors = [model.Threshold(color=color, value=value) for color, value in pairs]
+    return grafana.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(colors)
+
+
+def line(value: float, color: str = "red") -> grafana.ThresholdsConfig:
     """Threshold steps that draw one line at ``value``."""
-    return [Threshold("green", 0, 0.0), Threshold(color, 1, value)]
+    return steps(("green", None), (color, value))
+
+
+def legend() -> common.VizLegendOptions:
+    return (
+        common.VizLegendOptions()
+        .display_mode(options.LegendDisplayMode.LIST)
+        .placement(options.LegendPlacement.BOTTOM)
+        .show_legend(True)
+    )
+
+
+def tooltip() -> common.VizTooltipOptions:
+    return common.VizTooltipOptions().mode(options.TooltipDisplayMode.SINGLE).sort(options.SortOrder.NONE)
 
 
 def timeseries(title: str, *pairs: tuple[str, str], unit: str = "short", threshold: float | None = None,
-               description: str = "", **kwargs) -> TimeSeries:  # fmt: skip
+               description: str = "", bars: bool = False) -> timeseries_panel.Panel:  # fmt: skip
     """A time series of (expr, legend) queries; ``threshold`` draws the alert's line."""
-    return TimeSeries(
-        title=title,
-        description=description,
-        dataSource=DATASOURCE,
-        targets=targets(*pairs),
-        unit=unit,
-        thresholds=line(threshold) if threshold is not None else [],
-        thresholdsStyleMode="dashed" if threshold is not None else "off",
-        **kwargs,
+    style = options.GraphThresholdsStyleMode.DASHED if threshold is not None else options.GraphThresholdsStyleMode.OFF
+    return (
+        panel(timeseries_panel.Panel(), title, targets(*pairs), description)
+        .unit(unit)
+        .thresholds(line(threshold) if threshold is not None else steps())
+        .thresholds_style(common.GraphThresholdsStyleConfig().mode(style))
+        .draw_style(options.GraphDrawStyle.BARS if bars else options.GraphDrawStyle.LINE)
+        .color_scheme(grafana.FieldColor().mode(model.FieldColorModeId.PALETTE_CLASSIC))
+        .mappings([])
+        .axis_label("")
+        .axis_placement(options.AxisPlacement.AUTO)
+        .bar_alignment(options.BarAlignment.CENTER)
+        .fill_opacity(0)
+        .gradient_mode(options.GraphGradientMode.NONE)
+        .hide_from(common.HideSeriesConfig().legend(False).tooltip(False).viz(False))
+        .line_interpolation(options.LineInterpolation.LINEAR)
+        .line_width(1)
+        .point_size(5)
+        .scale_distribution(common.ScaleDistributionConfig().type(options.ScaleDistribution.LINEAR).log(2))
+        .show_points(options.VisibilityMode.AUTO)
+        .span_nulls(False)
+        .legend(legend().calcs([]))
+        .tooltip(tooltip())
     )
 
 
-def stat(title: str, expr: str, *, unit: str = "none", threshold: float | None = None, description: str = "") -> Stat:
-    return Stat(
-        title=title,
-        description=description,
-        dataSource=DATASOURCE,
-        targets=[target(expr)],
-        format=unit,
-        reduceCalc="lastNotNull",
-        thresholds=line(threshold) if threshold is not None else [Threshold("blue", 0, 0.0)],
+def stat(title: str, expr: str, *, unit: str = "none", threshold: float | None = None,
+         description: str = "") -> stat_panel.Panel:  # fmt: skip
+    return (
+        panel(stat_panel.Panel(), title, [target(expr)], description)
+        .unit(unit)
+        .no_value("none")
+        .mappings([])
+        .thresholds(line(threshold) if threshold is not None else steps(("blue", None)))
+        .color_mode(options.BigValueColorMode.VALUE)
+        .graph_mode(options.BigValueGraphMode.AREA)
+        .justify_mode(options.BigValueJustifyMode.AUTO)
+        .orientation(options.VizOrientation.AUTO)
+        .text_mode(options.BigValueTextMode.AUTO)
+        .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
     )
 
 
-def variables() -> Templating:
-    def query(name: str, label: str, expr: str) -> Template:
-        return Template(
-            name=name,
-            label=label,
-            query={"query": expr, "refId": name},
-            dataSource=DATASOURCE,
-            type="query",
-            multi=True,
-            includeAll=True,
-            allValue=".*",
-            default="$__all",
-            refresh=2,  # on time range change: engines come and go
-            sort=1,
+def grid(title: str, queries: list, description: str, transformations: Iterable) -> table.Panel:
+    """A table of the queries' columns, as the transformations leave them."""
+    grid = (
+        panel(table.Panel(), title, queries, description, transformations)
+        .unit("")
+        .thresholds(steps())
+        .align(options.FieldTextAlignment.AUTO)
+        .display_mode(options.TableCellDisplayMode.AUTO)
+        .filterable(False)
+        .show_header(True)
+        .sort_by([])
+    )
+    return set_model_fields(grid, "options", footer=None)
+
+
+def state_timeline(title: str, query: prometheus.Dataquery, description: str,
+                   mappings: Iterable[model.ValueMap] = ()) -> statetimeline.Panel:  # fmt: skip
+    """One row per series, a state per value (merged while it holds); colored by ``mappings`` where given."""
+    return (
+        panel(statetimeline.Panel(), title, [query], description)
+        .color_scheme(grafana.FieldColor().mode(model.FieldColorModeId.THRESHOLDS))
+        .fill_opacity(70)
+        .line_width(0)
+        .mappings(list(mappings))
+        .thresholds(steps())
+        .align_value(options.TimelineValueAlignment.LEFT)
+        .legend(legend())
+        .merge_values(True)
+        .row_height(0.9)
+        .show_value(options.VisibilityMode.AUTO)
+        .tooltip(tooltip())
+    )
+
+
+def variables() -> list[grafana.QueryVariable | grafana.DatasourceVariable]:
+    every = model.VariableOption(selected=True, text="$__all", value="$__all")
+
+    def query(name: str, label: str, expr: str) -> grafana.QueryVariable:
+        return (
+            grafana.QueryVariable(name)
+            .label(label)
+            .query({"query": expr, "refId": name})
+            .datasource(DATASOURCE)
+            .multi(True)
+            .include_all(True)
+            .all_value(".*")
+            .current(every)
+            .options([])
+            .hide(model.VariableHide.DONT_HIDE)
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)  # engines come and go
+            .sort(model.VariableSort.ALPHABETICAL_ASC)
         )
 
-    return Templating(
-        [
-            Template(
-                name="datasource", label="Prometheus", query="prometheus", type="datasource", default="Prometheus"
-            ),
-            # Without a cluster label the list is empty and "All" (.*) matches the missing label.
-            query("cluster", "Cluster", "label_values(vllm:num_requests_running, cluster)"),
-            query(
-                "vllm_instance",
-                "vLLM instance",
-                'label_values(vllm:num_requests_running{cluster=~"$cluster"}, vllm_instance)',
-            ),
-            query(
-                "model_name",
-                "Model",
-                f"label_values(vllm:num_requests_running{{{INSTANCE}}}, model_name)",
-            ),
-            query(
-                "gpu",
-                "GPU",
-                f"label_values(batchlens_gpu_sm_busy_ratio{{{INSTANCE}}}, gpu)",
-            ),
-        ]
+    prometheus_source = (
+        grafana.DatasourceVariable("datasource")
+        .label("Prometheus")
+        .type("prometheus")
+        .current(model.VariableOption(selected=True, text="Prometheus", value="Prometheus"))
+        .hide(model.VariableHide.DONT_HIDE)
     )
+    every_variable = [
+        prometheus_source,
+        # Without a cluster label the list is empty and "All" (.*) matches the missing label.
+        query("cluster", "Cluster", "label_values(vllm:num_requests_running, cluster)"),
+        query(
+            "vllm_instance",
+            "vLLM instance",
+            'label_values(vllm:num_requests_running{cluster=~"$cluster"}, vllm_instance)',
+        ),
+        query("model_name", "Model", f"label_values(vllm:num_requests_running{{{INSTANCE}}}, model_name)"),
+        query("gpu", "GPU", f"label_values(batchlens_gpu_sm_busy_ratio{{{INSTANCE}}}, gpu)"),
+    ]
+    return [set_model_fields(variable, auto=None, auto_min=None, auto_count=None) for variable in every_variable]
 
 
 def place(rows: Iterable[tuple[int, Iterable[tuple[Panel, int]]]]) -> list[Panel]:
@@ -154,149 +298,73 @@ def place(rows: Iterable[tuple[int, Iterable[tuple[Panel, int]]]]) -> list[Panel
     placed, y = [], 0
     for height, row in rows:
         x = 0
-        for panel, width in row:
-            panel.gridPos = GridPos(h=height, w=width, x=x, y=y)
-            placed.append(panel)
+        for builder, width in row:
+            placed.append(builder.grid_pos(model.GridPos(h=height, w=width, x=x, y=y)))
             x += width
         if x != 24:
-            raise ValueError(f"a dashboard row is {x} wide, not 24: {[p.title for p, _ in row]}")
+            raise ValueError(f"a dashboard row is {x} wide, not 24: {[p.build().title for p, _ in row]}")
         y += height
     return placed
 
 
+def annotation(name: str, color: str, expr: str, title: str, tags: str) -> PrometheusAnnotation:
+    """A Prometheus query's results as annotations, every 30 s, tagged with the labels ``tags`` names."""
+    query = grafana.AnnotationQuery().name(name).datasource(DATASOURCE).enable(True).icon_color(color)
+    prometheus_query = {"refId": "Anno", "expr": expr, "interval": "30s"}
+    return PrometheusAnnotation(query, target=prometheus_query, titleFormat=title, textFormat="", tagKeys=tags)
+
+
 #: Batch limit changes, whoever made them, and the remediation hook's actions, as annotations.
 ACTIONS = [
-    {
-        "name": "Batch limit changes",
-        "datasource": DATASOURCE,
-        "enable": True,
-        "iconColor": "orange",
-        "expr": f"changes(max by (cluster, vllm_instance) (batchlens_batch_limit{{{INSTANCE}}})[2m:15s]) > 0",
-        "step": "30s",
-        "titleFormat": "Batch limit changed on {{vllm_instance}}",
-        "textFormat": "",
-        "tagKeys": "vllm_instance",
-    },
-    {
-        "name": "Remediation actions",
-        "datasource": DATASOURCE,
-        "enable": True,
-        "iconColor": "red",
-        "expr": "sum by (cluster, vllm_instance, action, result) (increase(batchlens_remediation_actions_total"
+    annotation(
+        "Batch limit changes",
+        "orange",
+        f"changes(max by (cluster, vllm_instance) (batchlens_batch_limit{{{INSTANCE}}})[2m:15s]) > 0",
+        "Batch limit changed on {{vllm_instance}}",
+        "vllm_instance",
+    ),
+    annotation(
+        "Remediation actions",
+        "red",
+        "sum by (cluster, vllm_instance, action, result) (increase(batchlens_remediation_actions_total"
         f"{{{INSTANCE}}}[2m])) > 0",
-        "step": "30s",
-        "titleFormat": "{{action}} on {{vllm_instance}}: {{result}}",
-        "textFormat": "",
-        "tagKeys": "vllm_instance,action,result",
-    },
+        "{{action}} on {{vllm_instance}}: {{result}}",
+        "vllm_instance,action,result",
+    ),
 ]
 
 
-def dashboard(key: str, title: str, description: str, panels: list[Panel], annotations: Iterable[dict] = ()) -> dict:
-    """The dashboard's JSON: shared variables, links to its siblings, ids assigned."""
-    board = Dashboard(
-        title=f"batchlens · {title}",
-        uid=UIDS[key],
-        description=description,
-        tags=[TAG],
-        panels=panels,
-        templating=variables(),
-        links=[
-            DashboardLink(
-                title="batchlens",
-                type="dashboards",
-                tags=[TAG],
-                asDropdown=False,
-                includeVars=True,
-                keepTime=True,
-            )
-        ],
-        graphTooltip=GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
-        timezone="browser",
-        refresh="30s",
-        time=Time("now-1h", "now"),
-        schemaVersion=SCHEMA_VERSION,
-    ).auto_panel_ids()
-    data = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))  # plain dicts, all the way down
-    data["annotations"]["list"].extend([*ACTIONS, *annotations])
-    return grafana_model(data)
+REFRESH = ["5s", "10s", "30s", "1m", "5m", "15m", "30m", "1h", "2h", "1d"]
 
 
-# The keys of Grafana's dashboard model (@grafana/schema, the same in 11.5 and 13.2): grafanalib also writes
-# keys of Grafana's legacy model (rows, span, height, threshold steps with index and op, ...), which Grafana
-# ignores or migrates away. tests/harness/grafana_schema checks the result against both schema releases.
-_DASHBOARD = {
-    "annotations", "description", "editable", "fiscalYearStartMonth", "gnetId", "graphTooltip", "id", "links",
-    "liveNow", "panels", "preload", "refresh", "revision", "schemaVersion", "snapshot", "tags", "templating",
-    "time", "timepicker", "timezone", "title", "uid", "version", "weekStart",
-    "__inputs", "__requires",  # read by Grafana's import, outside the model
-}  # fmt: skip
-_PANEL = {
-    "cacheTimeout", "datasource", "description", "fieldConfig", "gridPos", "hideTimeOverride", "id", "interval",
-    "libraryPanel", "links", "maxDataPoints", "maxPerRow", "options", "pluginVersion", "queryCachingTTL", "repeat",
-    "repeatDirection", "targets", "timeFrom", "timeShift", "title", "transformations", "transparent", "type",
-}  # fmt: skip
-_FIELD_DEFAULTS = {
-    "color", "custom", "decimals", "description", "displayName", "displayNameFromDS", "filterable", "links",
-    "mappings", "max", "min", "noValue", "path", "thresholds", "unit", "writeable",
-}  # fmt: skip
-_VARIABLE = {
-    "allValue", "allowCustomValue", "current", "datasource", "description", "hide", "includeAll", "label", "multi",
-    "name", "options", "query", "refresh", "regex", "skipUrlSync", "sort", "type",
-}  # fmt: skip
-_OPTION = {"selected", "text", "value"}
-_TIMEPICKER = {"hidden", "nowDelay", "refresh_intervals"}
-#: An annotation of the model, plus the Prometheus data source's own options, which its annotation editor keeps
-#: on the annotation (the query itself is its target).
-_ANNOTATION = {"builtIn", "datasource", "enable", "filter", "hide", "iconColor", "name", "target", "type",
-               "titleFormat", "textFormat", "tagKeys", "useValueForTime"}  # fmt: skip
-#: A Prometheus query (the data source's PromQuery): grafanalib's generic target adds metric, query, step, target.
-_PROMETHEUS_QUERY = {"datasource", "expr", "format", "hide", "instant", "interval", "intervalFactor",
-                     "legendFormat", "refId", "range", "exemplar"}  # fmt: skip
-
-
-def _keep(obj: dict, keys: set[str]) -> dict:
-    """Only the model's keys, and none whose value is null (the model has no nulls where grafanalib writes them)."""
-    return {k: v for k, v in obj.items() if k in keys and v is not None}
-
-
-def _panel(panel: dict) -> dict:
-    out = _keep(panel, _PANEL)
-    out["targets"] = [_keep(t, _PROMETHEUS_QUERY) for t in panel.get("targets", [])]
-    config = out.get("fieldConfig")
-    if config:
-        defaults = _keep(config.get("defaults", {}), _FIELD_DEFAULTS)
-        if "custom" in defaults:  # the plugin's own field config: its keys are checked, its nulls dropped
-            defaults["custom"] = {k: v for k, v in defaults["custom"].items() if v is not None}
-        thresholds = defaults.get("thresholds")
-        if thresholds:  # the base step's value is null in the model; grafanalib writes the string "null"
-            steps = [{"color": t["color"], "value": None if t["value"] == "null" else t["value"]}
-                     for t in thresholds.get("steps", [])]  # fmt: skip
-            defaults["thresholds"] = {"mode": thresholds["mode"], "steps": steps}
-        out["fieldConfig"] = {**config, "defaults": defaults}
-    return out
-
-
-def _variable(variable: dict) -> dict:
-    out = _keep(variable, _VARIABLE)
-    if "current" in out:
-        out["current"] = _keep(out["current"], _OPTION)
-    out["options"] = [_keep(o, _OPTION) for o in out.get("options", [])]
-    return out
-
-
-def _annotation(annotation: dict) -> dict:
-    out = _keep(annotation, _ANNOTATION)
-    if "expr" in annotation:  # the legacy top-level query, as Grafana's Prometheus data source migrates it
-        out["target"] = {"refId": "Anno", "expr": annotation["expr"], "interval": annotation.get("step", "")}
-    return out
-
-
-def grafana_model(data: dict) -> dict:
-    """grafanalib's dashboard JSON reduced to Grafana's own model: the one place where the two meet."""
-    out = _keep(data, _DASHBOARD)
-    out["panels"] = [_panel(p) for p in data.get("panels", [])]
-    out["templating"] = {"list": [_variable(v) for v in data["templating"]["list"]]}
-    out["annotations"] = {"list": [_annotation(a) for a in data["annotations"]["list"]]}
-    out["timepicker"] = _keep(data["timepicker"], _TIMEPICKER)
-    return out
+def dashboard(key: str, title: str, description: str, panels: list, annotations: Iterable = ()) -> dict:
+    """The dashboard's JSON: shared variables, links to its siblings, ids assigned in order."""
+    board = (
+        grafana.Dashboard(f"batchlens · {title}")
+        .uid(UIDS[key])
+        .description(description)
+        .tags([TAG])
+        .variables(variables())
+        .annotations([*ACTIONS, *annotations])
+        .link(
+            grafana.DashboardLink("batchlens")
+            .type(model.DashboardLinkType.DASHBOARDS)
+            .tags([TAG])
+            .as_dropdown(False)
+            .include_vars(True)
+            .keep_time(True)
+            .icon("external link")
+            .tooltip("")
+            .url("")
+            .target_blank(False)
+        )
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .timezone("browser")
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timepicker(set_model_fields(grafana.TimePicker().hidden(False).refresh_intervals(REFRESH), time_options=None))
+        .version(0)
+    )
+    for number, builder in enumerate(panels, start=1):
+        board.with_panel(builder.id(number))
+    return json.loads(json.dumps(set_model_fields(board, schema_version=SCHEMA_VERSION).build(), cls=JSONEncoder))

@@ -14,11 +14,31 @@ cause is a failing GPU shows its cause on the same screen.
 
 from __future__ import annotations
 
-from grafanalib.core import Table, TimeSeries
+from grafana_foundation_sdk.builders import table, xychart
+from grafana_foundation_sdk.builders import timeseries as timeseries_panel
+from grafana_foundation_sdk.builders.dashboard import FieldColor
+from grafana_foundation_sdk.models.common import AxisPlacement
+from grafana_foundation_sdk.models.dashboard import DynamicConfigValue, FieldColorModeId
+from grafana_foundation_sdk.models.xychart import PointShape, SeriesMapping, XYShowMode
 
 from batchlens.config import Thresholds
-from batchlens.dashboards.kit import DATASOURCE, INSTANCE, SEL, dashboard, joined, place, stat, timeseries
-from batchlens.dashboards.panels import XYChart
+from batchlens.dashboards.kit import (
+    INSTANCE,
+    PLUGIN_VERSION,
+    SEL,
+    dashboard,
+    grid,
+    joined,
+    legend,
+    panel,
+    place,
+    set_model_fields,
+    stat,
+    steps,
+    timeseries,
+    tooltip,
+    transformation,
+)
 from batchlens.gpu_faults import GPU_FAULT_ALERTS as GPU_ALERTS
 from batchlens.gpu_faults import THROTTLE_REASONS
 from batchlens.rules.recording import LATENCIES, LEVEL, operating_point_measures
@@ -27,49 +47,72 @@ THROUGHPUT, P99, MEMORY_BUSY, SM_BUSY = "Throughput", "P99", "Memory busy", "SM 
 BY = "cluster, vllm_instance, model_name"
 
 
-def operating_points_panel(thresholds: Thresholds) -> XYChart:
+def xy_series(x: str, y: str, color: str, size: str) -> xychart.XYSeriesConfig:
+    """One series mapping: each dimension reads the field of that name."""
+
+    def field(dimension, name: str):
+        return dimension().matcher(xychart.MatcherConfig().id("byName").options(name))
+
+    return (
+        xychart.XYSeriesConfig()
+        .x(field(xychart.XychartXYSeriesConfigX, x))
+        .y(field(xychart.XychartXYSeriesConfigY, y))
+        .color(field(xychart.XychartXYSeriesConfigColor, color))
+        .size(field(xychart.XychartXYSeriesConfigSize, size))
+    )
+
+
+def operating_points_panel(thresholds: Thresholds) -> xychart.Panel:
     throughput, p99, memory = operating_point_measures(thresholds)
     sm = "vllm_instance_model_name_gpu:batchlens_gpu_sm_busy:ratio"
     columns = {THROUGHPUT: throughput, P99: p99, MEMORY_BUSY: memory, SM_BUSY: sm}
     per_engine = {name: f"max by ({BY}) ({rule}{{{SEL}}})" for name, rule in columns.items()}
-    queries, steps = joined(per_engine, drop=("cluster", "model_name"))
+    queries, merged = joined(per_engine, drop=("cluster", "model_name"))
     latency = thresholds.p99_latency.upper()
-    return XYChart(
-        title=f"Operating points: throughput × P99 {latency} × utilization",
-        description=(
-            f"One point per instant and engine. Right is more throughput, up is slower P99 {latency} (the breaker "
-            f"fires above {thresholds.p99_seconds} s), red is a busier GPU memory and a bigger point a busier SM. "
-            "Past the knee a higher batch limit buys latency, not throughput."
-        ),
-        dataSource=DATASOURCE,
-        targets=queries,
-        transformations=[*steps, {"id": "partitionByValues", "options": {"fields": ["vllm_instance"]}}],
-        x=THROUGHPUT,
-        y=P99,
-        color=MEMORY_BUSY,
-        size=SM_BUSY,
-        y_unit="s",
+    description = (
+        f"One point per instant and engine. Right is more throughput, up is slower P99 {latency} (the breaker "
+        f"fires above {thresholds.p99_seconds} s), red is a busier GPU memory and a bigger point a busier SM. "
+        "Past the knee a higher batch limit buys latency, not throughput."
+    )
+    partition = transformation("partitionByValues", fields=["vllm_instance"])
+    chart = panel(xychart.Panel(), f"Operating points: throughput × P99 {latency} × utilization", queries,
+                  description, [*merged, partition])  # fmt: skip
+    for name, unit in ((THROUGHPUT, "short"), (P99, "s"), (MEMORY_BUSY, "percentunit")):
+        chart.override_by_name(name, [DynamicConfigValue(id_val="unit", value=unit)])
+    return (
+        set_model_fields(chart, plugin_version=PLUGIN_VERSION)
+        .mapping(SeriesMapping.AUTO)  # the one mapping applies to every frame: one series per engine
+        .series([xy_series(x=THROUGHPUT, y=P99, color=MEMORY_BUSY, size=SM_BUSY)])
+        .legend(legend())
+        .tooltip(tooltip())
+        .color_scheme(FieldColor().mode(FieldColorModeId.CONTINUOUS_GR_YL_RD))
+        .show(XYShowMode.POINTS)
+        .point_shape(PointShape.CIRCLE)
+        .point_size(xychart.XychartFieldConfigPointSize().fixed(4).min(4).max(16))
+        .fill_opacity(60)
+        .axis_placement(AxisPlacement.AUTO)
+        .min(0)
+        .thresholds(steps())
     )
 
 
-def operating_point_table(thresholds: Thresholds) -> Table:
+def operating_point_table(thresholds: Thresholds) -> table.Panel:
     names = ("Throughput (tokens/s)", f"P99 {thresholds.p99_latency.upper()} (s)", "Memory busy")
     measures = [m.replace(f"{LEVEL}:", f"{LEVEL}_batch_limit:") for m in operating_point_measures(thresholds)]
-    queries, steps = joined(
+    queries, merged = joined(
         {name: f"avg_over_time({m}{{{SEL}}}[$__range])" for name, m in zip(names, measures, strict=True)},
         instant=True,
         drop=("Time",),
     )
-    return Table(
-        title="Operating points per batch limit (averaged over the time range)",
-        description="Each row is a batch limit the engine ran at in the range, and what it gave on average.",
-        dataSource=DATASOURCE,
-        targets=queries,
-        transformations=[*steps, {"id": "sortBy", "options": {"sort": [{"field": "batch_limit"}]}}],
+    return grid(
+        "Operating points per batch limit (averaged over the time range)",
+        queries,
+        "Each row is a batch limit the engine ran at in the range, and what it gave on average.",
+        [*merged, transformation("sortBy", sort=[{"field": "batch_limit"}])],
     )
 
 
-def gpu_health() -> list[tuple[TimeSeries, int]]:
+def gpu_health() -> list[tuple[timeseries_panel.Panel, int]]:
     """The GPUs' health per engine, under its P99: a breach with a failing GPU is the GPU's (runbooks BatchlensGpu*)."""
     return [
         (timeseries("GPU alerts", (f"count by (cluster, vllm_instance, alertname) (ALERTS{{alertname=~"
@@ -95,7 +138,7 @@ def gpu_health() -> list[tuple[TimeSeries, int]]:
 
 
 #: Their titles: empty wherever no GPU fails (the demo, the live tests; test_gpu_failures_e2e.py fills them).
-GPU_HEALTH_PANELS = tuple(panel.title for panel, _ in gpu_health())
+GPU_HEALTH_PANELS = tuple(panel.build().title for panel, _ in gpu_health())
 
 
 def overview(thresholds: Thresholds) -> dict:

@@ -2,21 +2,50 @@
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import heatmap as heatmap_panel
+from grafana_foundation_sdk.models.common import AxisPlacement, HeatmapCellLayout, TooltipDisplayMode
+from grafana_foundation_sdk.models.heatmap import HeatmapColorMode, HeatmapColorScale
+
 from batchlens.config import Thresholds
-from batchlens.dashboards.kit import DATASOURCE, SEL, dashboard, place, target, timeseries
-from batchlens.dashboards.panels import Heatmap
+from batchlens.dashboards.kit import (
+    PLUGIN_VERSION,
+    SEL,
+    dashboard,
+    panel,
+    place,
+    set_model_fields,
+    steps,
+    target,
+    timeseries,
+)
 from batchlens.rules.recording import LATENCIES, LEVEL
 
 
-def heatmap(title: str, metrics: tuple[str, ...], unit: str, description: str = "") -> Heatmap:
-    """Buckets of a vLLM histogram over time; a renamed histogram is read under both names."""
+def heatmap(title: str, metrics: tuple[str, ...], unit: str, description: str = "") -> heatmap_panel.Panel:
+    """Buckets of a vLLM histogram over time (pre-bucketed: format heatmap); a renamed one is read under both names."""
     expr = " or ".join(f"sum by (le) (increase({m}_bucket{{{SEL}}}[$__rate_interval]))" for m in metrics)
-    return Heatmap(
-        title=title,
-        description=description,
-        dataSource=DATASOURCE,
-        targets=[target(expr, "{{le}}", fmt="heatmap")],
-        unit=unit,
+    colors = (
+        heatmap_panel.HeatmapColorOptions()
+        .mode(HeatmapColorMode.SCHEME)
+        .scheme("Oranges")
+        .scale(HeatmapColorScale.EXPONENTIAL)
+        .exponent(0.5)
+        .steps(64)  # Grafana's default (2 to 128): the SDK's model writes 0, which leaves the scheme no colors
+        .fill("dark-orange")  # Grafana's default, for the opacity mode; the SDK's model writes ""
+    )
+    query = target(expr, "{{le}}", fmt="heatmap")
+    return (
+        set_model_fields(panel(heatmap_panel.Panel(), title, [query], description), plugin_version=PLUGIN_VERSION)
+        .thresholds(steps())
+        .calculate(False)
+        .y_axis(heatmap_panel.YAxisConfig().unit(unit).axis_placement(AxisPlacement.LEFT))
+        .rows_frame(heatmap_panel.RowsHeatmapOptions().layout(HeatmapCellLayout.LE))
+        .color(colors)
+        .cell_gap(1)
+        .mode(TooltipDisplayMode.SINGLE)
+        .show_y_histogram()
+        .show_legend()
+        .exemplars_color("rgba(255,0,255,0.7)")
     )
 
 
