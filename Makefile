@@ -75,16 +75,16 @@ demo: $(VENV)/.runtime  ## the whole stack natively, set up on a fresh machine (
 build: $(BIN)/batchlens  ## regenerate the committed artifacts (alerts/, dashboards/, provisioning/ addresses) from the code
 	$(BIN)/batchlens build
 
-mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut] in pyproject.toml): killed, survived, timeout
+mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut] in pyproject.toml): a table per module, docs/testing.md
 	$(BIN)/pip install --quiet 'mutmut==3.8.1'
 	rm -rf mutants
-	$(BIN)/mutmut run || true
-	$(BIN)/mutmut results --all true | awk '{print $$NF}' | sort | uniq -c
+	start=$$(date +%s); $(BIN)/mutmut run || true; echo "mutmut run: $$(( $$(date +%s) - start )) s"
+	$(BIN)/mutmut results --all true | $(BIN)/python scripts/mutants_table.py
 
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM, the exporter's memory at 8 engines
+bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM, the exporter's memory at 8 engines, the hook's tick at 16, 64 and 256 engines
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
@@ -97,6 +97,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/proxy_cost.py
 	$(BIN)/python benchmarks/control_vllm.py
 	$(BIN)/python benchmarks/memory.py --engines 8 --interval 1 --minutes 3
+	$(BIN)/python benchmarks/hook_fleet.py
 
 clean:  ## remove the virtualenv and caches (keeps the shared vLLM env)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist src/*.egg-info

@@ -130,6 +130,11 @@ def test_a_hanging_engine_is_held_and_retried_while_the_other_is_steered(tmp_pat
         time.sleep(1.5)
         after = sum(v for k, v in hook_decisions(hook, "ok").items() if k != "no_signal")
         assert after - before >= 3, "a hanging engine does not hold up the others' ticks (every 0.2 s)"
+        samples = hook.samples()
+        quick, count = one(samples, "batchlens_controller_tick_seconds_bucket", le="0.25"), one(
+            samples, "batchlens_controller_tick_seconds_count")  # fmt: skip
+        assert count - quick >= 2, "the hanging engine's ticks took their timeout (0.5 s), and say so"
+        assert quick >= after, "the other's were quick"
         assert limit_of(upstreams, "stuck") == 16, "never acted on blind"
         log = hook.process.log_path.read_text()
         assert log.count("stuck: not steered: no answer within 0.5 s") == 1, "logged once, not every tick"

@@ -46,6 +46,28 @@ class Estimate:
     goodput_rps: float
 
 
+#: Upper bounds of batchlens_controller_tick_seconds' buckets: a tick past the interval (2 s by default) is late.
+TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass
+class TickTimes:
+    """How long the engines' ticks took, from the start due to the decision made: one histogram for the hook (a
+    label per engine would grow with the fleet). A tick that waits for the event loop counts that wait too."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(TICK_BUCKETS))  # per bucket, not cumulative
+    count: int = 0
+    sum: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.sum += seconds
+        for i, bound in enumerate(TICK_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+                return
+
+
 @dataclass
 class _Engine:
     """What the controller knows of one engine while it runs, beside its Steering (which the store keeps): learned
@@ -57,6 +79,7 @@ class _Engine:
     saturated: deque[Saturated] = field(default_factory=lambda: deque(maxlen=64))  # the door's windows
     due: float = 0.0
     in_flight: asyncio.Task | None = None
+    started: float = 0.0  # time.monotonic() at the start of the tick in flight
     saved_at: float = -math.inf  # when its state last went to the store
     capacity: int | None = None  # the max_num_seqs its bounds were last said for
     door_answers: bool = False  # its cap route answered the last tick's calls
@@ -112,6 +135,7 @@ class Controller:
         self.decisions: Counter[tuple[str, str]] = Counter()  # (instance, reason)
         self.estimates: dict[str, Estimate] = {}
         self.caps: dict[str, CapDecision] = {}  # the cap each engine should have, and why
+        self.tick_times = TickTimes()
         #: instance -> what ails a GPU of it (remediation.confirm.fault_text), as the hook last asked Prometheus
         self.gpu_faults: dict[str, str] = {}
         self._on_decided = on_decided
@@ -161,13 +185,14 @@ class Controller:
             if (now >= at or at - now > self.control.interval_seconds) and engine.in_flight is None:
                 engine.due = now + self.control.interval_seconds
                 task = asyncio.create_task(self._tick_one(name, now, breakers), name=f"control-{name}")
-                engine.in_flight = task
+                engine.in_flight, engine.started = task, time.monotonic()
                 task.add_done_callback(lambda _t, name=name: self._done(name))
 
     def _done(self, name: str) -> None:
         engine = self._engines[name]
         task, engine.in_flight = engine.in_flight, None
         assert task is not None
+        self.tick_times.add(time.monotonic() - engine.started)
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: a controller tick failed", name, exc_info=task.exception())
         self._on_decided()

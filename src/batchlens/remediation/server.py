@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from pydantic import ValidationError
 
 from batchlens import __version__
@@ -38,7 +39,7 @@ from batchlens.discovery.kubernetes import DiscoveryError, PodLister
 from batchlens.http_server import application, run_app
 from batchlens.masking import mask_url
 from batchlens.remediation.alertmanager import AlertmanagerClient
-from batchlens.remediation.controller import UNSET, Controller
+from batchlens.remediation.controller import TICK_BUCKETS, UNSET, Controller
 from batchlens.remediation.service import Remediator
 from batchlens.remediation.states import BREAKER_STATES
 from batchlens.remediation.store import InboxFull, Store
@@ -120,6 +121,13 @@ def _controller_families(c: Controller):
     yield from _admission_families(c)
     yield _counter("batchlens_controller_decisions", "Controller ticks, by what they decided.",
                    ["vllm_instance", "reason"], c.decisions)  # fmt: skip
+    times, cumulative = c.tick_times, list(itertools.accumulate(c.tick_times.counts))
+    yield HistogramMetricFamily(
+        "batchlens_controller_tick_seconds", "How long each engine's controller tick took, from its start due "
+        "(reads, decision, door): one past control.interval_seconds is late.",
+        buckets=[*((f"{b:g}", n) for b, n in zip(TICK_BUCKETS, cumulative, strict=True)), ("+Inf", times.count)],
+        sum_value=times.sum,
+    )  # fmt: skip
 
 
 def _admission_families(c: Controller):
