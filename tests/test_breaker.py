@@ -92,6 +92,16 @@ def test_three_strikes_then_cold_start_then_additive_recovery_to_the_original_li
     assert final == EngineState(capacity=64, resolved_through=EPISODE, target_limit=32)
 
 
+def test_closing_after_recovery_keeps_the_limit_the_engine_last_confirmed() -> None:
+    """The hook PUTs a target only while it differs from the applied limit (remediation/service.py): a closed
+    breaker that forgot the applied one would have it tell the engine again what it already has."""
+    recovering = EngineState(mode="recovering", strikes=3, original_limit=32, target_limit=31, applied_limit=31,
+                             capacity=64, recovering_since=0.0)  # fmt: skip
+    decision = on_tick(recovering, now=300, settings=SETTINGS)
+    assert decision.action == "recovered" and decision.state == EngineState(capacity=64, target_limit=32,
+                                                                             applied_limit=31)  # fmt: skip
+
+
 def test_a_trigger_during_recovery_halves_again_and_keeps_counting_strikes() -> None:
     run([
         (10, fire(40, starts_at=0), "halve", {"set_limit": 20, "strikes": 1}),
@@ -171,6 +181,7 @@ def test_an_open_breaker_that_hears_no_firing_for_the_silence_takes_its_episode_
     ])  # fmt: skip
     # a cold start saved before the hook kept firing_seen_at goes by its last action
     saved = EngineState(mode="cold_start", strikes=3, original_limit=32, target_limit=1, last_action_at=100.0)
+    assert on_tick(saved, now=100 + silence - 1, settings=SETTINGS).action == "none"
     assert on_tick(saved, now=100 + silence, settings=SETTINGS).state.mode == "recovering"
     # ... but not before the hook, back from being down (a rollout), has listened for that long itself
     back = 100 + 2 * silence
@@ -225,6 +236,10 @@ def test_a_capped_door_with_requests_waiting_at_a_good_pace_holds_and_pages_capa
 )
 def test_a_capped_door_is_no_excuse_when_the_pace_breaks_or_nothing_waits(waiting: int, pace: float, why: str) -> None:
     assert fire(32, waiting=waiting, door=door(pace, share=0.0))(EngineState(), 0).action == "halve", why
+
+
+def test_one_request_waiting_at_a_pace_just_at_the_slo_is_the_doors_queue_not_a_strike() -> None:
+    assert fire(32, waiting=1, door=door(0.1, share=0.0))(EngineState(), 0).action == "hold_overload"
 
 
 def test_a_batch_of_one_behind_four_waiting_is_overload_not_a_strike() -> None:

@@ -59,6 +59,19 @@ def test_the_context_length_is_told_apart_from_the_batch() -> None:
     assert slope.elasticity(25)[0] == pytest.approx(elasticity_of(25), abs=0.1)
 
 
+@pytest.mark.parametrize(("running", "learned"), [(36, True), (40, True), (35, False), (41, False), (60, False)])
+def test_the_slope_learns_a_full_batch_at_the_limit_not_one_still_draining_from_a_higher_limit(
+    running, learned
+) -> None:
+    """After a cut the old, larger batch drains for a while: its pace belongs to the limit before, not to this one.
+    Nor is a batch under 90% of the limit full: its pace is a smaller batch's."""
+    state = State(40, capacity=capacity_of(True))
+    win = replace(w(running=running, waiting=30, pace=0.042), kv_usage=0.005 * running)
+    before = state.capacity.aged(win.seconds, TUNING.slope_seconds, TUNING.demand_seconds).slope.n
+    after = decide(state, win, 100, SLO, TUNING).state.capacity.slope.n
+    assert after == pytest.approx(before + 1 if learned else before)
+
+
 def test_no_slope_before_enough_windows_at_spread_limits_and_it_fades_with_age() -> None:
     assert PaceSlope().elasticity(10) is None
     assert fitted([20, 22] * 4).elasticity(21) is None, "8 windows: too few"

@@ -49,6 +49,12 @@ def test_kernel_settings_read_each_file_and_say_when_one_is_missing(tmp_path) ->
     assert kernel_settings()["zone_reclaim_mode"] == Path("/proc/sys/vm/zone_reclaim_mode").read_text().strip()
 
 
+def test_the_host_source_reports_this_hosts_kernel_settings() -> None:
+    by_name = {m.name: m for m in asyncio.run(HostSource([]).sample()).metrics}
+    [sample] = by_name["batchlens_host_kernel_info"].samples
+    assert sample.labels == kernel_settings() and sample.value == 1
+
+
 def test_the_engine_process_is_found_by_its_port_with_its_children(server_with_child) -> None:
     port, proc = server_with_child
     assert listening_pid(port) == proc.pid

@@ -112,6 +112,19 @@ def test_two_engines_render_one_family_with_one_header(vllm_exposition: str) -> 
     assert len(pick(out, "vllm:num_requests_running")) == 2
 
 
+def test_a_family_several_engines_serve_takes_the_first_header_given_and_their_samples_in_order() -> None:
+    """An engine may serve a family without a header (untyped), or with its own HELP: the first header seen is the
+    family's, once, and every engine's samples follow it in the snapshot's order."""
+    bare, b, c = (
+        "foo 1\n",
+        "# HELP foo from b\n# TYPE foo gauge\nfoo 2\n",
+        "# HELP foo from c\n# TYPE foo gauge\nfoo 3\n",
+    )
+    body = render(_snapshot(_state("a", bare), _state("b", b), _state("c", c))).decode()
+    samples = 'foo{vllm_instance="a"} 1\nfoo{vllm_instance="b"} 2\nfoo{vllm_instance="c"} 3\n'
+    assert body.startswith("# HELP foo from b\n# TYPE foo gauge\n" + samples), body
+
+
 def test_a_down_source_has_no_series_but_its_status(vllm_exposition: str) -> None:
     down = _state("b", vllm_exposition, up=False)
     down = SourceState(down.source, down.labels, False, None, 1.0, 3.0, {"timeout": 2})

@@ -18,7 +18,9 @@ import pytest
 from batchlens.config import Control
 from batchlens.control.signals import read_sample
 from batchlens.goodput import Outcome, Slo, judge
+from batchlens.load.plan import Planned, Result
 from batchlens.replay.breaker_policy import EVALUATION_SECONDS, BreakerPolicy
+from batchlens.replay.live import outcome
 from batchlens.replay.output import arrival_rate, figure, rows, table, write_csv
 from batchlens.replay.policies import Adaptive, Admitting, Static, oracle_limits
 from batchlens.replay.policy_names import parse_policy
@@ -319,6 +321,14 @@ def test_a_live_run_draws_no_batch_limit_axis_and_a_refused_run_says_why() -> No
     refused = replay([TraceRequest(0, 9000, 10), TraceRequest(1, 9000, 10)], engine(), Static(), SLO)
     shown = table([refused], None, SLO)
     assert "default: 2 of 2 requests refused at arrival as longer than --max-model-len" in shown, shown
+
+
+def test_a_live_request_is_judged_by_its_first_token_not_its_last() -> None:
+    """A long answer that started at once meets the TTFT bound although its last token came long after it."""
+    planned = Planned(at=0.0, prompt_tokens=100, max_tokens=101, stream=True)
+    answered = outcome(Result(planned, ok=True, e2e=5.2, ttft=0.2, output_tokens=101))
+    assert (answered.ttft, answered.e2e, answered.output_tokens) == (0.2, 5.2, 101) and answered.good(SLO)
+    assert outcome(Result(planned, ok=False, e2e=0.1, ttft=0.1)) == Outcome(None, None, 0)
 
 
 # -- admission in replay: the door, the sheds, and the sheds that were needless ----------------------------
