@@ -132,6 +132,7 @@ def test_the_queued_caps_refuse_as_vllm_does(state, n, refused) -> None:
         (caps(tokens=100, queued=50), -3, "max_num_queued_tokens"),
         (caps(), -1, None),  # no cap: the door is open to every class
         (caps(reqs=1, unfinished=0), -1, None),  # half a cap of 1 is still 1: an idle engine takes it
+        (caps(reqs=2, unfinished=1), -1, "max_num_queued_reqs"),  # half a cap of 2 is 1, and one is in
         (caps(reqs=0, unfinished=0), -1, "max_num_queued_reqs"),  # but never past the cap: 0 (at launch) is 0
         (caps(tokens=0, queued=0), -1, "max_num_queued_tokens"),
         (caps(tokens=1, queued=0), -1, None),
@@ -169,6 +170,7 @@ def test_beside_vllms_caps_the_plugin_reads_no_state_for_the_classes_vllm_judges
     ("header", "priority", "named"),
     [
         (None, 0, "standard"),
+        (b"1", 1, "critical"),  # any priority above 0
         (b"5", 5, "critical"),
         ("-2", -2, "sheddable"),
         (b" 0 ", 0, "standard"),
@@ -195,6 +197,14 @@ def test_a_header_sent_twice_is_read_at_its_lowest_copy() -> None:
 def test_only_a_503_whose_body_is_a_queued_caps_counts_as_the_doors() -> None:
     assert all(cap_refusal(json.dumps(refusal_body(reason)).encode()) for reason in MESSAGES)
     assert not cap_refusal(b'{"error": {"message": "The server is shutting down", "code": 503}}')
+
+
+def test_a_refusals_body_is_vllms_503_as_openai_clients_read_it() -> None:
+    """Stated by hand: the OpenAI error shape vLLM 0.32 answers a queued cap with, typed by the status's phrase."""
+    assert refusal_body("max_num_queued_tokens") == {
+        "error": {"message": MESSAGES["max_num_queued_tokens"], "type": "Service Unavailable", "param": None,
+                  "code": 503},
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

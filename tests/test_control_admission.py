@@ -51,6 +51,11 @@ def test_a_window_measures_prefill_only_while_requests_wait(vllm_exposition: str
     # the window measures the engine as much as one with a queue (else the door opens on an overloaded engine).
     refusing = window(sample(0, 1000, 0), sample(2, 5000, 0, finished=10, rejected=4))
     assert refusing.rejected_per_second == 2 and saturated(refusing, 2.0) == Saturated(2.0, 2000, 5.0)
+    # At the smallest of each: one request waiting at both ends, one refusal in the window, one prompt token
+    one_each = window(sample(0, 1000, waiting=1), sample(2, 1001, waiting=1, finished=10))
+    assert saturated(one_each, 2.0) == Saturated(2.0, 0.5, 5.0)
+    one_refused = window(sample(0, 1000, 0), sample(2, 5000, 0, finished=10, rejected=1))
+    assert one_refused.rejected_per_second == 0.5 and saturated(one_refused, 2.0) == Saturated(2.0, 2000, 5.0)
     assert read_sample(vllm_exposition, 0).prompt_tokens > 0  # vLLM's own counter, vllm:prompt_tokens_total
     for broken in ({"prompt_tokens_per_second": math.nan}, {"prompt_tokens_per_second": math.inf},
                    {"finished_per_second": math.nan}):  # fmt: skip
@@ -75,6 +80,7 @@ def test_the_shed_share_is_the_doors_refusals_over_what_was_settled_and_reads_vl
         ([], 100, None, "no_signal"),
         ([Saturated(90, 2000), Saturated(95, 2000)], 100, None, "too_few_windows"),
         ([Saturated(10, 2000)] * 5, 100, None, "stale"),  # 90 s old: the engine may have changed since
+        ([Saturated(40, 2000)] * 3, 100, 3200, "estimated"),  # just stale_seconds old: still recent
         ([Saturated(90, 2000), Saturated(92, 2000), Saturated(94, 2000)], 100, 3200, "estimated"),  # 2 s x 2000 x 0.8
         ([Saturated(30, 9000), Saturated(90, 1000), Saturated(92, 1000), Saturated(94, 1000)], 100, 1600, "estimated"),
         ([Saturated(90, 1000), Saturated(92, 50_000), Saturated(94, 1200)], 100, 1920, "estimated"),  # the median
@@ -86,6 +92,7 @@ def test_the_shed_share_is_the_doors_refusals_over_what_was_settled_and_reads_vl
         "nothing",
         "two windows",
         "stale",
+        "just recent",
         "steady",
         "an old window left",
         "one outlier",

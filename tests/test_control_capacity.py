@@ -15,7 +15,7 @@ from random import Random
 
 import pytest
 
-from batchlens.control.capacity import Capacity, Demand, PaceSlope
+from batchlens.control.capacity import Capacity, Demand, PaceSlope, _inverse
 from batchlens.control.law import KEEP_UP_CUT, State, Tuning, decide
 from batchlens.control.signals import EngineSample, Histogram, window
 from test_control_law import SLO, capacity_of, w
@@ -75,9 +75,28 @@ def test_the_slope_learns_a_full_batch_at_the_limit_not_one_still_draining_from_
 def test_no_slope_before_enough_windows_at_spread_limits_and_it_fades_with_age() -> None:
     assert PaceSlope().elasticity(10) is None
     assert fitted([20, 22] * 4).elasticity(21) is None, "8 windows: too few"
+    assert fitted([20, 22] * 5, noise=0.1).elasticity(21) is not None, "10: enough"
+    assert fitted([20, 22] * 5).elasticity(21) is None, "KV usage moving with the batch alone: no telling them apart"
+    assert fitted([40, 40.2, 40.4] * 10, noise=0.1).elasticity(40) is None, "limits within 2% of each other"
     assert fitted([20] * 30).elasticity(20) is None, "one limit says nothing of the slope"
     faded = fitted([16, 20, 24] * 10).decayed(math.exp(-3))
     assert faded.elasticity(20) is None, "old windows weigh less, and then not enough"
+
+
+def test_ageing_weighs_every_sum_down_by_its_own_time_constant() -> None:
+    capacity = capacity_of(True)
+    aged = capacity.aged(60, slope_seconds=60, demand_seconds=120)
+    assert aged.slope == capacity.slope.decayed(math.exp(-1)) and aged.demand == capacity.demand.decayed(math.exp(-0.5))
+    assert aged.slope.vv == pytest.approx(capacity.slope.vv * math.exp(-1)) and aged.slope.n < capacity.slope.n
+
+
+def test_the_inverse_pivots_and_judges_singularity_against_the_matrixs_own_scale() -> None:
+    assert _inverse([[2.0, 0.0], [0.0, 4.0]]) == [[0.5, 0.0], [0.0, 0.25]]  # a zero under the diagonal is no pivot
+    [a, b], [c, d] = _inverse([[2.0, 1.0], [1.0, 2.0]])
+    assert [a, b, c, d] == pytest.approx([2 / 3, -1 / 3, -1 / 3, 2 / 3])
+    [a, b], [c, d] = _inverse([[2e-13, 0.0], [0.0, 4e-13]])  # small sums (old windows, decayed) are still a fit
+    assert [a, b, c, d] == pytest.approx([5e12, 0.0, 0.0, 2.5e12])
+    assert _inverse([[1.0, 2.0], [2.0, 4.0]]) is None
 
 
 def test_a_slope_bending_the_wrong_way_is_noise_and_is_taken_straight() -> None:
@@ -87,6 +106,17 @@ def test_a_slope_bending_the_wrong_way_is_noise_and_is_taken_straight() -> None:
         slope = slope.observe(limit, 0.02 * math.log(limit) ** 0.5, 0.001 * limit)  # grows ever slower
     straight = slope.elasticity(10)[0]
     assert straight == pytest.approx(slope.elasticity(80)[0]), "one slope everywhere"
+
+
+def test_demand_is_nan_before_any_window_and_exact_after_a_short_one() -> None:
+    empty = Demand()
+    assert all(
+        math.isnan(x) for x in (empty.arrived_per_second(), empty.asked(), empty.served(), empty.prefill_share())
+    )
+    assert Capacity().said(40) == "serving nan of nan tokens/s asked, pace slope unknown at 40"
+    young = Demand().observe(0.5, arrived=2, finished=1, tokens=50)  # no prompt tokens told: none counted
+    assert (young.arrived_per_second(), young.asked(), young.served(), young.prefill_share()) == (4, 200, 100, 0)
+    assert Demand(tokens=0.5, prompted=0.25).prefill_share() == pytest.approx(1 / 3)  # decayed sums under one
 
 
 def test_demand_is_arrivals_times_the_tokens_a_request_takes() -> None:

@@ -305,7 +305,8 @@ def test_request_tags_from_metadata_body_and_header() -> None:
 
 
 TENANT = Caller(key_alias="tenant-a", teams=frozenset({"team-1"}))
-PINS = ("interactive", "batchlens-engine:b", "&batchlens-role:interactive", "!batchlens-engine:a", "spend:x")
+PINS = ("interactive", "&interactive", "batchlens-engine:b", "&batchlens-role:interactive", "!batchlens-engine:a",
+        "spend:x")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -317,8 +318,19 @@ PINS = ("interactive", "batchlens-engine:b", "&batchlens-role:interactive", "!ba
         (TENANT, Routing(trusted_teams=["team-1"]), True),
         (TENANT, Routing(trusted_keys=["tenant-b"], trusted_teams=["team-2"]), False),
         (Caller(), Routing(trust_clients=True), True),
+        (Caller(key_hash="AB12"), Routing(trusted_key_hashes=["Ab12"]), True),  # hex in either case
+        (Caller(key_hash="cd34"), Routing(trusted_key_hashes=["ab12"]), False),
     ],
-    ids=["tenant", "master key", "trusted key", "trusted team", "another key and team", "trust_clients"],
+    ids=[
+        "tenant",
+        "master key",
+        "trusted key",
+        "trusted team",
+        "another key and team",
+        "trust_clients",
+        "trusted key hash",
+        "another key hash",
+    ],
 )
 def test_only_a_trusted_caller_claims_the_interactive_class_an_engine_or_a_priority(caller, rules, trusted) -> None:
     screened = screen(caller, rules, latency_class="Interactive", tags=PINS, priority=True)
@@ -403,6 +415,30 @@ def test_the_proxy_config_tags_each_engine_and_keeps_a_fallback_group() -> None:
     assert generated["router_settings"]["fallbacks"] == [{"m": ["m-fallback"]}]
     assert "batchlens.routing.litellm_proxy.routing" in generated["litellm_settings"]["callbacks"]
     assert generated["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"  # never the key itself
+
+
+def test_the_proxy_config_states_litellms_router_settings_and_who_reads_its_metrics() -> None:
+    """What LiteLLM's router is told, stated by hand: tag filtering for the plugin's pick, the context-window check
+    before a call (model_info.max_input_tokens, only where an engine's is known), least-busy within the engines
+    picked, one retry and then the fallback group, an engine cooled down for 10 s after a failure."""
+    generated = litellm_config(routed_config())
+    assert generated["router_settings"] == {
+        "enable_tag_filtering": True,
+        "enable_pre_call_checks": True,
+        "routing_strategy": "least-busy",
+        "num_retries": 1,
+        "allowed_fails": 1,
+        "cooldown_time": 10,
+        "fallbacks": [{"m": ["m-fallback"]}],
+    }
+    assert [d["model_info"] for d in generated["model_list"] if d["model_name"] == "m"] == [
+        {"id": "m/a", "batchlens_roles": ["main"]},
+        {"id": "m/b", "batchlens_roles": ["interactive", "cold"]},
+        {"id": "m/c", "batchlens_roles": ["long"], "max_input_tokens": 8192},
+    ]
+    assert "require_auth_for_metrics_endpoint" not in generated["litellm_settings"]  # metrics_auth: true by default
+    opened = litellm_config(routed_config(metrics_auth=False))["litellm_settings"]
+    assert opened["require_auth_for_metrics_endpoint"] is False
 
 
 def test_a_proxy_config_needs_a_model_and_engines() -> None:
