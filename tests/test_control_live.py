@@ -500,6 +500,32 @@ def test_a_wall_clock_stepped_back_does_not_stop_the_ticks(tmp_path, upstreams, 
     assert c._remember("a", read_sample(vllm_exposition, 1002.0)).seconds == 2.0
 
 
+def test_a_fleets_ticks_are_spread_over_the_interval_and_keep_its_beat(tmp_path) -> None:
+    """At 256 engines every tick at once queued the last behind the others for most of an interval, and a tick
+    taken when the hook's pass came round to it pushed each later one back (docs/scaling.md)."""
+    engines = [{"name": f"e{i}", "url": f"http://127.0.0.1:9/e{i}"} for i in range(16)]
+    config = Config.model_validate({"engines": engines, "control": {"enabled": True, "interval_seconds": 2}})
+    c = Controller(config, Store(tmp_path / "hook.db"), admins={}, clock=lambda: 1000.0)
+    assert sorted({e.due for e in c._engines.values()}) == [1000.0 + 0.25 * beat for beat in range(8)]
+    assert c.next_due() == 1000.0
+
+    async def ticks(now: float) -> None:
+        c.tick(now, {})
+        for engine in c._engines.values():
+            if engine.in_flight is not None:
+                engine.in_flight.cancel()
+        await asyncio.sleep(0)  # the cancelled ticks done
+        c.decisions.clear()
+
+    asyncio.run(ticks(1000.9))  # late: the first four beats' engines
+    taken = sorted(e.due for e in c._engines.values())[8:]
+    assert taken == [1002.0] * 2 + [1002.25] * 2 + [1002.5] * 2 + [1002.75] * 2, "each on its beat, not 1002.9"
+    assert c.next_due() == 1001.0  # the beats not yet taken
+    c._engines["e0"].due = 990.0  # a whole interval late: from now, not a burst of catching up
+    asyncio.run(ticks(1002.0))
+    assert c._engines["e0"].due == 1004.0
+
+
 def test_the_breaker_keeps_the_doors_figures_when_the_admin_api_times_out_under_the_overload(tmp_path) -> None:
     # The admin route lives on the same overloaded API server as the generation routes, and can time out under
     # the load the door holds; the door's figures are the controller's own readings, and a hold must stay a hold.

@@ -29,7 +29,7 @@ from batchlens.control.law import one_slot
 from batchlens.control.signals import EngineSample, NotFinite, Window, read_sample, window
 from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, door_settings, steer
 from batchlens.exporter.http_get import HttpGetter
-from batchlens.exporter.parser import ParseError
+from batchlens.exporter.parser import ExpositionReader, ParseError
 from batchlens.exporter.sampler import SourceError
 from batchlens.remediation.admin_client import AdminCallError, AdminClient, DeploymentAdmin
 from batchlens.remediation.breaker import Door, EngineState
@@ -46,6 +46,7 @@ class Estimate:
     goodput_rps: float
 
 
+TICK_BEATS = 8  # the engines' ticks are spread over this many beats of the interval
 #: Upper bounds of batchlens_controller_tick_seconds' buckets: a tick past the interval (2 s by default) is late.
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -74,6 +75,7 @@ class _Engine:
     again after a restart, or said again in the log."""
 
     urls: list[str]  # its /metrics: one server's, or every server's of a deployment, judged as one engine
+    readers: list[ExpositionReader] = field(default_factory=list)  # one per url: its series parsed, kept
     samples: deque[EngineSample] = field(default_factory=deque)  # about a minute of them
     minute: Window | None = None  # its last minute, for the breaker's view of the door
     saturated: deque[Saturated] = field(default_factory=lambda: deque(maxlen=64))  # the door's windows
@@ -117,13 +119,18 @@ class Controller:
         self._admins = admins
         self._limit = config.exporter.max_response_bytes
         deployments = by_instance(config.engines)
-        self._engines = {name: _Engine([s.url + "/metrics" for s in servers]) for name, servers in deployments.items()}
+        self._engines = {name: _Engine([s.url + "/metrics" for s in servers], [ExpositionReader() for _ in servers])
+                         for name, servers in deployments.items()}  # fmt: skip
         saved = store.controls()
         # The controller's outputs, by engine: what it keeps (stored), the caps and estimates the hook exports.
         self.states = {name: saved.get(name, Steering()) for name in self._engines}
         if not config.control.admission:  # a cap stored by an earlier run with the door on is no reference now
             self.states = {name: s.without_door() for name, s in self.states.items()}
         self._started = started = clock()
+        for i, engine in enumerate(self._engines.values()):
+            # Spread over the interval in a few beats: a fleet's ticks all at once queue behind each other (at 256
+            # engines the last waited most of an interval), and a beat per engine would run the hook's pass as often.
+            engine.due = started + config.control.interval_seconds * (i % TICK_BEATS) / TICK_BEATS
         for name, state in self.states.items():
             if state.manual_until > started:  # a restart must not hide that a hand still holds the knob
                 log.warning("%s: a limit set by hand still holds control off for %.0f s (manual_hold_seconds), at %s",
@@ -179,14 +186,21 @@ class Controller:
     def tick(self, now: float, breakers: Mapping[str, EngineState]) -> None:
         """Start a read-and-decide for every engine that is due; each runs on its own, so a hanging engine
         delays nobody else. ``on_decided`` is called when one finishes, for the hook to apply what it chose."""
+        interval = self.control.interval_seconds
         for name, engine in self._engines.items():
             # Due, or the wall clock stepped back (NTP) past the interval: a tick now, not in an hour.
             at = engine.due
-            if (now >= at or at - now > self.control.interval_seconds) and engine.in_flight is None:
-                engine.due = now + self.control.interval_seconds
+            if (now >= at or at - now > interval) and engine.in_flight is None:
+                # On the interval's beat, not from whenever the hook's pass came round to it: a tick taken late
+                # does not push every later one back (unless it is a whole interval late: then from now).
+                engine.due = at + interval if 0 <= now - at < interval else now + interval
                 task = asyncio.create_task(self._tick_one(name, now, breakers), name=f"control-{name}")
                 engine.in_flight, engine.started = task, time.monotonic()
                 task.add_done_callback(lambda _t, name=name: self._done(name))
+
+    def next_due(self) -> float:
+        """When the next tick is due (the hook's loop waits no longer), +inf while every engine has one in flight."""
+        return min((e.due for e in self._engines.values() if e.in_flight is None), default=math.inf)
 
     def _done(self, name: str) -> None:
         engine = self._engines[name]
@@ -209,7 +223,7 @@ class Controller:
         try:
             async with asyncio.timeout(self.control.timeout_seconds):
                 batch = await self._admins[name].get()
-                sample = read_sample(await self._fetch(name), now)
+                sample = read_sample(await self._fetch(name), now, self._engines[name].readers)
         except Exception as exc:  # whatever an engine answers, a failed reading is counted, never fatal
             why = f"no answer within {self.control.timeout_seconds:g} s (control.timeout_seconds)" if isinstance(
                 exc, TimeoutError) else str(exc)  # fmt: skip

@@ -239,8 +239,11 @@ class Remediator:
             except Exception:  # one bad pass must not end remediation; the next pass retries
                 log.exception("remediation pass failed; retrying in 1 s")
             self.wake.clear()
+            quiet = self._quiet
+            if self.controller is not None:  # no later than the next tick due
+                quiet = min(quiet, max(0.0, self.controller.next_due() - self.clock()))
             with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
-                await asyncio.wait_for(self.wake.wait(), timeout=self._quiet)
+                await asyncio.wait_for(self.wake.wait(), timeout=quiet)
         await self.settle(cancel=True)  # a hanging engine's pass: what it decided is saved, a PUT is retried
         await self._send_pages(last=True)  # what the last passes decided
         if self._gpus_asking is not None:

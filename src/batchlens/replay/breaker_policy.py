@@ -20,6 +20,7 @@ from collections import deque
 
 from batchlens.config import Breaker, Thresholds, duration_seconds
 from batchlens.control.signals import EngineSample, read_sample
+from batchlens.exporter.parser import ExpositionReader
 from batchlens.remediation.breaker import EngineState, Observation, on_firing, on_resolved, on_tick
 from batchlens.replay.policies import Signals
 
@@ -40,6 +41,7 @@ class BreakerPolicy:
     def initial(self, capacity: int) -> int:
         self._state, self._limit = EngineState(), capacity
         self._samples: deque[EngineSample] = deque()
+        self._readers = [ExpositionReader()]  # the engine's series parsed once, as live (read_sample)
         self._firing_since: float | None = None
         self._notified_at = 0.0
         return capacity
@@ -54,7 +56,7 @@ class BreakerPolicy:
 
     def decide(self, signals: Signals) -> int:
         now = signals.now
-        self._samples.append(read_sample(signals.exposition, now))
+        self._samples.append(read_sample(signals.exposition, now, self._readers))
         firing = self._slow_ratio(now) > 0.01
         obs = Observation(self._limit, signals.capacity, signals.running, signals.waiting)
         decision = None

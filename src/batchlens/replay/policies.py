@@ -22,6 +22,7 @@ from batchlens.control.law import State, Tuning, decide
 from batchlens.control.pid import Gains, PidState, decide_pid
 from batchlens.control.signals import EngineSample, read_sample, window
 from batchlens.control.steering import tuning as tuning_of
+from batchlens.exporter.parser import ExpositionReader
 from batchlens.goodput import Slo
 
 
@@ -84,6 +85,7 @@ class Adaptive:
         self.tick_seconds = tick_seconds if pid is None else pid.period_seconds
         self._state: State | PidState | None = None
         self._previous: EngineSample | None = None
+        self._readers = [ExpositionReader()]  # the engine's series parsed once, as live (read_sample)
         self.decisions: dict[str, int] = {}
 
     def initial(self, capacity: int) -> int:
@@ -97,7 +99,7 @@ class Adaptive:
         return self._state.limit
 
     def decide(self, signals: Signals) -> int:
-        sample = read_sample(signals.exposition, signals.now)
+        sample = read_sample(signals.exposition, signals.now, self._readers)
         if self._previous is not None:
             seen = window(self._previous, sample)
             if self.pid is None:
@@ -128,6 +130,7 @@ class Admitting:
         self._door = DoorState()
         self._saturated: deque[Saturated] = deque(maxlen=64)
         self._previous: EngineSample | None = None
+        self._readers = [ExpositionReader()]  # the engine's series parsed once, as live (read_sample)
         self.decisions: dict[str, int] = {}
 
     def initial(self, capacity: int) -> int:
@@ -139,7 +142,7 @@ class Admitting:
         return start
 
     def decide(self, signals: Signals) -> int:
-        sample = read_sample(signals.exposition, signals.now)
+        sample = read_sample(signals.exposition, signals.now, self._readers)
         if self._previous is not None and (seen := saturated(window(self._previous, sample), signals.now)):
             self._saturated.append(seen)
         self._previous = sample
