@@ -1,6 +1,7 @@
 """A fake Kubernetes API server and the pods it lists, over real HTTP.
 
-Fake boundary: the API server (none can run here). It answers ``GET /api/v1/pods``,
+Fake boundary: the API server (none can run here). It keeps Leases and ConfigMaps (create, get, replace, with
+the real one's resourceVersion conflicts), and answers ``GET /api/v1/pods``,
 ``/api/v1/namespaces/<ns>/pods`` and ``/api/v1/namespaces/<ns>/secrets/<name>`` with the
 JSON shapes the real one sends (a PodList, a Secret, or a Status for an error), takes a merge
 ``PATCH`` of a Secret's data with the real one's resourceVersion precondition (409), and applies
@@ -123,6 +124,13 @@ class FakeKubernetes:
         self.signers: dict[str, list[str | None]] = {}  # pod IP -> per admin call, the token that signed it, or None
         # (a read with no credential is taken with None, as the plugin takes it)
         self._sites: dict[str, web.TCPSite] = {}
+        # Leases and ConfigMaps, (kind, namespace, name) -> the object as stored, with the real API server's
+        # semantics: a resourceVersion per write, 409 AlreadyExists on a second create, 409 Conflict on a replace
+        # carrying a version that is no longer the object's, 404 NotFound.
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.writes: list[tuple[str, str, dict]] = []  # (verb, kind, body) of every write taken
+        self._version = 5000
+        self.object_requests = 0
         self._loop = asyncio.new_event_loop()
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="kube-api", daemon=True)
@@ -137,6 +145,11 @@ class FakeKubernetes:
         api.router.add_get("/api/v1/namespaces/{namespace}/pods", self._list)
         api.router.add_get("/api/v1/namespaces/{namespace}/secrets/{name}", self._secret)
         api.router.add_patch("/api/v1/namespaces/{namespace}/secrets/{name}", self._patch_secret)
+        for prefix in ("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+                       "/api/v1/namespaces/{namespace}/configmaps"):  # fmt: skip
+            api.router.add_post(prefix, self._create)
+            api.router.add_get(prefix + "/{name}", self._get)
+            api.router.add_put(prefix + "/{name}", self._replace)
         self._api = web.AppRunner(api, access_log=None, handle_signals=False)
         self._loop.run_until_complete(self._api.setup())
         self._loop.run_until_complete(web.TCPSite(self._api, "127.0.0.1", self.port).start())
@@ -214,6 +227,52 @@ class FakeKubernetes:
                 self.webhook_tokens[namespace] = token
         self.versions[namespace] = self.versions.get(namespace, 4713) + 1
         return await self._secret(request)
+
+    @staticmethod
+    def _kind(request: web.Request) -> str:
+        return "Lease" if "/leases" in request.path else "ConfigMap"
+
+    def _status(self, code: int, reason: str, message: str) -> web.Response:
+        return web.json_response({**FORBIDDEN, "code": code, "reason": reason, "message": message}, status=code)
+
+    def _stored(self, kind: str, body: dict) -> web.Response:
+        self._version += 1
+        body["metadata"]["resourceVersion"] = str(self._version)
+        api = "coordination.k8s.io/v1" if kind == "Lease" else "v1"
+        self.objects[(kind, body["metadata"]["namespace"], body["metadata"]["name"])] = {
+            **body, "kind": kind, "apiVersion": api}  # fmt: skip
+        return web.json_response(self.objects[(kind, body["metadata"]["namespace"], body["metadata"]["name"])])
+
+    async def _create(self, request: web.Request) -> web.Response:
+        self.object_requests += 1
+        kind, body = self._kind(request), await request.json()
+        body["metadata"]["namespace"] = request.match_info["namespace"]
+        if (kind, body["metadata"]["namespace"], body["metadata"]["name"]) in self.objects:
+            return self._status(409, "AlreadyExists", f'{kind.lower()}s "{body["metadata"]["name"]}" already exists')
+        self.writes.append(("create", kind, body))
+        return self._stored(kind, body)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        self.object_requests += 1
+        kind, namespace, name = self._kind(request), request.match_info["namespace"], request.match_info["name"]
+        if (found := self.objects.get((kind, namespace, name))) is None:
+            return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+        return web.json_response(found)
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        self.object_requests += 1
+        kind, namespace, name = self._kind(request), request.match_info["namespace"], request.match_info["name"]
+        body = await request.json()
+        if (found := self.objects.get((kind, namespace, name))) is None:
+            return self._status(404, "NotFound", f'{kind.lower()}s "{name}" not found')
+        version = body.get("metadata", {}).get("resourceVersion")
+        if version and version != found["metadata"]["resourceVersion"]:
+            return self._status(409, "Conflict", f'Operation cannot be fulfilled on {kind.lower()}s "{name}": the '
+                                "object has been modified; please apply your changes to the latest version and try "
+                                "again")  # fmt: skip
+        body["metadata"]["namespace"] = namespace
+        self.writes.append(("replace", kind, body))
+        return self._stored(kind, body)
 
     @staticmethod
     def _ip(request: web.Request) -> str:

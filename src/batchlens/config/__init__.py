@@ -36,7 +36,7 @@ from batchlens.config.links import Links
 from batchlens.config.loading import load_config
 from batchlens.config.masked import masked_dump, url_settings
 from batchlens.config.model import Config
-from batchlens.config.remediate import Remediate
+from batchlens.config.remediate import LeaderElection, Remediate
 from batchlens.config.routing import Routing
 from batchlens.config.thresholds import Thresholds
 from batchlens.goodput import Slo
@@ -53,6 +53,7 @@ __all__ = [
     "Engine",
     "Exporter",
     "Kubernetes",
+    "LeaderElection",
     "Links",
     "Remediate",
     "Routing",

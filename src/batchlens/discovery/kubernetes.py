@@ -78,8 +78,6 @@ class PodLister:
     def __init__(self, settings: Kubernetes, node: str = "", *, tokens: bool = True):
         try:
             import httpx2
-            from lightkube import AsyncClient, KubeConfig
-            from lightkube.core.exceptions import ConfigError
             from lightkube.resources.core_v1 import Pod, Secret
             from lightkube.types import PatchType
         except ImportError as exc:
@@ -88,11 +86,7 @@ class PodLister:
             ) from None
         self._httpx, self._pod, self._secret, self._merge = httpx2, Pod, Secret, PatchType.MERGE
         self.settings, self.node, self.tokens = settings, node, tokens
-        try:
-            config = _anonymous(KubeConfig, settings.api_url) if settings.api_url else KubeConfig.from_env()
-        except ConfigError as exc:
-            raise RuntimeError(f"kubernetes.discover: no API server to ask ({exc}); set kubernetes.api_url") from None
-        self._client = AsyncClient(config, timeout=httpx2.Timeout(settings.timeout_seconds), trust_env=False)
+        self._client = api_client(settings)
         if settings.api_server_cidrs == []:
             log.warning(
                 "the NetworkPolicy lets this pod reach the API server's ports on ANY address "
@@ -190,7 +184,7 @@ class PodLister:
             code = exc.response.status_code
             reason = {401: "unauthorized", 403: "forbidden", 404: "not_found"}.get(code, f"http_{code}")
             hint = " (the chart's Role in that namespace grants it)" if code == 403 else ""
-            raise DiscoveryError(reason, f"{what}: HTTP {code}: {_status_message(exc)}{hint}") from None
+            raise DiscoveryError(reason, f"{what}: HTTP {code}: {status_message(exc)}{hint}") from None
         except self._httpx.TimeoutException:
             raise DiscoveryError("timeout", f"{what} took over {self.settings.timeout_seconds:g}s") from None
         except self._httpx.TransportError as exc:
@@ -200,12 +194,28 @@ class PodLister:
         await self._client.close()
 
 
-def _status_message(exc) -> str:
+def status_message(exc) -> str:
     """The API server's own words (its Status message), else the HTTP error."""
     try:
         return str(exc.response.json().get("message") or exc)
     except ValueError:
         return str(exc)
+
+
+def api_client(settings: Kubernetes):
+    """A lightkube client of the API server ``settings`` name: kubernetes.api_url, or the service account's (the
+    kubeconfig's outside a pod). RuntimeError where there is none, or where lightkube is not installed."""
+    try:
+        import httpx2
+        from lightkube import AsyncClient, KubeConfig
+        from lightkube.core.exceptions import ConfigError
+    except ImportError as exc:
+        raise RuntimeError(f"{exc.name} is not installed: pip install 'batchlens[kubernetes]'") from None
+    try:
+        config = _anonymous(KubeConfig, settings.api_url) if settings.api_url else KubeConfig.from_env()
+    except ConfigError as exc:
+        raise RuntimeError(f"no Kubernetes API server to ask ({exc}); set kubernetes.api_url") from None
+    return AsyncClient(config, timeout=httpx2.Timeout(settings.timeout_seconds), trust_env=False)
 
 
 def _anonymous(kube_config, url: str):

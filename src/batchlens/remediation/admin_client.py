@@ -63,8 +63,9 @@ class AdminCallError(Exception):
 
 class AdminClient:
     def __init__(self, session: aiohttp.ClientSession, url: str, token: str | None, *, timeout: float = 5.0,
-                 signed: bool = True, pod: str = ""):  # fmt: skip
-        self._session = session
+                 signed: bool = True, pod: str = "", fence: Callable[[], Awaitable[bool]] | None = None):  # fmt: skip
+        """``fence``: asked before every change; False refuses it (a hook that no longer leads: leader.py)."""
+        self._session, self._fence = session, fence
         if token:  # the token takes the Authorization header: a user and password in the URL are the scrape's
             parts = urlsplit(url)
             url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
@@ -90,6 +91,8 @@ class AdminClient:
 
     async def _call(self, method: str, url: str, body: dict | None, reply_model: type[Reply]) -> Reply:
         shown = mask_url(url)  # the error messages are logged
+        if method != "GET" and self._fence is not None and not await self._fence():
+            raise AdminCallError("not_leader", f"{method} {shown}: not sent: this hook does not hold the Lease")
         try:
             data = b"" if body is None else json.dumps(body).encode()
             headers = admin_headers(self._token, method, urlsplit(url).path, data, signed=self._signed, pod=self._pod)

@@ -212,11 +212,23 @@ class Controller:
         self._on_decided()
 
     async def close(self) -> None:
+        await self.cancel_ticks()
+        await self._http.aclose()
+
+    async def cancel_ticks(self) -> None:
         tasks = [e.in_flight for e in self._engines.values() if e.in_flight is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._http.aclose()
+
+    async def take_over(self, saved: Mapping[str, dict], now: float) -> None:
+        """Go on from the steering another hook kept (leader election), and read each engine afresh."""
+        for name, data in saved.items():
+            if name in self.states:
+                self.states[name] = Steering.from_dict(data)
+                await self.store.run(self.store.save_control, name, self.states[name], now)
+        for engine in self._engines.values():
+            engine.samples.clear()  # windows from before the move are another hook's, and old
 
     async def _tick_one(self, name: str, now: float, breakers: Mapping[str, EngineState]) -> None:
         batch = None

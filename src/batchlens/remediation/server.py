@@ -97,6 +97,9 @@ class HookCollector:
                                 "(remediate.store_max_bytes).", value=store.budget.total)  # fmt: skip
         yield _counter("batchlens_remediation_discovery_errors", "Failed looks at the vLLM pods, by reason.",
                        ["reason"], {(k,): v for k, v in self._server.discovery_errors.items()})  # fmt: skip
+        if self._server.leadership is not None:
+            yield GaugeMetricFamily("batchlens_remediation_leader", "1 while this hook leads (holds the Lease and "
+                                    "acts), 0 while it stands by.", value=1.0 if r.acting else 0.0)  # fmt: skip
 
 
 def _controller_families(c: Controller):
@@ -178,17 +181,26 @@ class RemediationServer:
         self._discovery_failing: str | None = None
         self._token_failing: dict[str, str] = {}  # namespace -> why its admin token Secret is not read
         self.namespace_tokens: dict[str, str] = {}  # namespace -> its tenant's webhook token (from discovery)
+        self.leadership = None  # one hook of several (remediate.leader_election): remediation/leader.py
+        if config.remediate.leader_election.enabled:
+            from batchlens.remediation.leader import Leadership
+
+            self.leadership = Leadership(config.remediate.leader_election, config.kubernetes, self.environ)
+        self._leading: asyncio.Task | None = None
 
     async def start(self, _app: web.Application) -> None:
         self._session = aiohttp.ClientSession(headers={"User-Agent": f"batchlens/{__version__}"})
         am_url = self.config.remediate.alertmanager_url
         am = AlertmanagerClient(self._session, am_url) if am_url else None
-        self.remediator = Remediator(self.config, self.store, self._session, self.environ, alertmanager=am)
+        self.remediator = Remediator(self.config, self.store, self._session, self.environ, alertmanager=am,
+                                     leadership=self.leadership)  # fmt: skip
         self.registry.register(HookCollector(self))
         if self._lister is not None:
             await self.discover()  # before the first alert: an alert for a pod not yet known is not acted on
             self._discovery = asyncio.create_task(self._discover_every(), name="discovery")
         self._task = asyncio.create_task(self.remediator.run(self._stop), name="remediator")
+        if self.leadership is not None:
+            self._leading = asyncio.create_task(self._lead(), name="leader election")
         if self.token is None:
             log.error("%s is not set: the webhook answers 503 until it is", self.config.remediate.webhook_token_env)
         prometheus = self.config.remediate.prometheus_url
@@ -227,6 +239,28 @@ class RemediationServer:
         self.namespace_tokens = {**kept, **found.webhook_tokens}
         await self.remediator.engines_found(found.engines)
 
+    async def _lead(self) -> None:
+        """Each round: renew or try the Lease; take over, or stand by, as it says; keep the controllers' state."""
+        lead, r = self.leadership, self.remediator
+        assert lead is not None and r is not None
+        settings = self.config.remediate.leader_election
+        log.info("leader election: this hook is %s, on the Lease %s/%s; every %g s, a failover within %g s",
+                 lead.elector.me, lead.elector.namespace, settings.lease_name, settings.retry_period_seconds,
+                 settings.lease_duration_seconds + settings.retry_period_seconds)  # fmt: skip
+        while True:
+            leading = await lead.elector.round()
+            if leading and not r.acting and (saved := await lead.saved()) is not None:
+                log.warning("leader election: this hook (%s) leads: it acts from now on, from the state the last "
+                            "leader kept", lead.elector.me)  # fmt: skip
+                await r.take_over(saved)
+            elif not leading and r.acting:
+                log.warning("leader election: this hook no longer leads (%s does): standing by",
+                            lead.elector.holder or "nobody")  # fmt: skip
+                await r.stand_by()
+            if leading and r.controller is not None:
+                await lead.keep("controllers", {n: s.to_dict() for n, s in r.controller.states.items()})
+            await asyncio.sleep(settings.retry_period_seconds)
+
     async def _discover_every(self) -> None:
         while True:
             await asyncio.sleep(self.config.kubernetes.interval_seconds)
@@ -245,6 +279,10 @@ class RemediationServer:
 
     async def stop(self, _app: web.Application) -> None:
         self._stop.set()
+        if self._leading is not None:
+            self._leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._leading
         if self._discovery is not None:
             self._discovery.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -254,6 +292,9 @@ class RemediationServer:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self._task, timeout=10)
+        if self.leadership is not None:  # after the last act: a standby takes over at its next round
+            await self.leadership.elector.release()
+            await self.leadership.aclose()
         if self._session is not None:
             await self._session.close()
         self.store.close()
@@ -274,6 +315,9 @@ class RemediationServer:
     async def handle_webhook(self, request: web.Request) -> web.Response:
         if self.token is None and not self.namespace_tokens:
             return _error(503, f"no webhook token configured: set {self.config.remediate.webhook_token_env}")
+        if self.remediator is not None and not self.remediator.acting:  # Alertmanager retries: the leader takes it
+            holder = self.leadership.elector.holder if self.leadership is not None else ""
+            return _error(503, f"a standby: {holder or 'another hook'} leads; retry", retry_after=RETRY_AFTER_SECONDS)
         given = request.headers.get("Authorization")
         scopes = [ns for ns, token in self.namespace_tokens.items() if bearer_matches(given, token)]
         if self.token is not None and bearer_matches(given, self.token):
@@ -321,8 +365,15 @@ class RemediationServer:
                 "confirmed_by": mask_url(self.config.remediate.prometheus_url) or None,
                 "dry_run": self.config.breaker.dry_run,
                 "control": self._control_health(),
+                **self._leader_health(),
             }
         )
+
+    def _leader_health(self) -> dict:
+        if self.leadership is None:
+            return {}
+        elector = self.leadership.elector
+        return {"leader": {"me": elector.me, "leading": self.remediator.acting, "holder": elector.holder or None}}
 
     def _control_health(self) -> dict:
         c = self.remediator.controller

@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -52,6 +53,9 @@ from batchlens.remediation.confirm import Confirmer, fault_text
 from batchlens.remediation.controller import Controller
 from batchlens.remediation.store import Delivery, InboxFull, Store
 from batchlens.remediation.webhook import BREAKER_ALERT, KV_ALERT, MAX_FUTURE_SECONDS, WebhookPayload, deliveries
+
+if TYPE_CHECKING:
+    from batchlens.remediation.leader import Leadership
 
 log = logging.getLogger("batchlens.remediate")
 PAGE_ALERT = "VllmBreakerEscalation"
@@ -99,8 +103,13 @@ class Remediator:
         *,
         alertmanager: AlertmanagerClient | None = None,
         clock: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
     ):
+        """``leadership``: one of several hooks (remediate.leader_election): it acts only while it holds the Lease,
+        fences every change on it, and keeps its state where the next leader finds it."""
         self.settings = config.breaker
+        self.leadership = leadership
+        self.acting = leadership is None  # a hook of several starts as a standby, until its first round
         self.cluster = config.remediate.cluster
         prometheus = config.remediate.prometheus_url
         self.confirmer = Confirmer(session, prometheus, self.cluster) if prometheus else None
@@ -226,21 +235,24 @@ class Remediator:
         if token is None and server.admin_token_from_environment:
             log.error("%s: %s is not set: its admin API will refuse every call (401) until the hook is started "
                       "with it", server.name, server.admin_token_source)  # fmt: skip
+        fence = None if self.leadership is None else self.leadership.elector.holds
         return AdminClient(self._session, server.admin_url, token, signed=server.admin_auth == "signed",
-                           pod=server.pod)  # fmt: skip
+                           pod=server.pod, fence=fence)  # fmt: skip
 
     # --- the worker ------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.reconcile()
+        if self.acting:
+            await self.reconcile()
         while not stop.is_set():
             try:
-                await self.step()
+                if self.acting:
+                    await self.step()
             except Exception:  # one bad pass must not end remediation; the next pass retries
                 log.exception("remediation pass failed; retrying in 1 s")
             self.wake.clear()
             quiet = self._quiet
-            if self.controller is not None:  # no later than the next tick due
+            if self.controller is not None and self.acting:  # no later than the next tick due
                 quiet = min(quiet, max(0.0, self.controller.next_due() - self.clock()))
             with contextlib.suppress(TimeoutError):  # a quiet second: time to tick recovery and retries
                 await asyncio.wait_for(self.wake.wait(), timeout=quiet)
@@ -504,6 +516,29 @@ class Remediator:
     async def _save(self, name: str, state: EngineState, delivery: Delivery | None = None, outcome: str = "") -> None:
         await self.store.run(self.store.save, name, state, self.clock(), done=delivery, outcome=outcome)
         self.states[name] = state
+        if self.leadership is not None:  # before the act it leads to: a successor must not act on it again
+            await self.leadership.keep("engines", {n: s.to_dict() for n, s in self.states.items()})
+
+    async def take_over(self, saved: Mapping[str, Mapping[str, dict]]) -> None:
+        """This hook leads now: go on from the state its predecessor kept (``saved``: StateMirror.load()), read
+        every engine's limit, and act."""
+        now = self.clock()
+        for name, data in saved.get("engines", {}).items():
+            if name in self.states:
+                self.states[name] = EngineState.from_dict(data)
+                await self.store.run(self.store.save, name, self.states[name], now)
+        if self.controller is not None:
+            await self.controller.take_over(saved.get("controllers", {}), now)
+        await self.reconcile()
+        self.acting = True
+        self.wake.set()
+
+    async def stand_by(self) -> None:
+        """This hook no longer leads: its passes end, and it acts on nothing until it leads again."""
+        self.acting = False
+        await self.settle(cancel=True)
+        if self.controller is not None:
+            await self.controller.cancel_ticks()
 
     def target(self, name: str) -> int | None:
         """The limit the hook wants in force: the controller's (bounded by an open breaker), else the breaker's."""
