@@ -15,6 +15,7 @@ import pytest
 
 from batchlens.config import Kubernetes, LeaderElection
 from batchlens.remediation.leader import Holding, LeaseElector, StateMirror, claim
+from harness.exporter import one, pick
 from harness.kube_api import FakeKubernetes
 from harness.procs import free_port
 from harness.remediate import RemediateProcess, alert, notification
@@ -149,6 +150,10 @@ def test_two_hooks_one_lease_the_standby_takes_over_a_killed_leaders_episode_and
         a, b = hooks["a"], hooks["b"]
         eventually(lambda: b.health()["leader"]["holder"] == "hook-a", "the second watching the first")
         assert not b.health()["leader"]["leading"]
+        standby = b.samples()
+        assert one(standby, "batchlens_remediation_leader") == 0
+        assert one(a.samples(), "batchlens_remediation_leader") == 1
+        assert not pick(standby, "batchlens_breaker_state"), "a standby's states are no engine's: not exported"
         status, body = b.post(notification(alert("sim")))
         assert status == 503 and "hook-a leads" in body["error"], body
         assert a.post(notification(alert("sim")))[0] == 200

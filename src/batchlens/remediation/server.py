@@ -70,14 +70,15 @@ class HookCollector:
         target = GaugeMetricFamily(
             "batchlens_batch_limit_target", "The batch limit the hook wants in force.", labels=["vllm_instance"]
         )
-        for name, s in sorted(r.states.items()):
+        # A standby's states are its last term's, or none: only the leader's are the engines' (leader election).
+        for name, s in sorted(r.states.items() if r.acting else ()):
             for known in BREAKER_STATES:
                 state.add_metric([name, known], 1.0 if s.mode == known else 0.0)
             strikes.add_metric([name], s.strikes)
             if (wanted := r.target(name)) is not None:
                 target.add_metric([name], wanted)
         yield from (state, strikes, target)
-        if r.controller is not None:
+        if r.controller is not None and r.acting:
             yield from _controller_families(r.controller)
         yield _counter(
             "batchlens_remediation_actions", "Decisions and admin API calls, by result.",
