@@ -50,6 +50,13 @@ def test_the_slope_is_the_curves_own_where_the_law_has_been(at: float) -> None:
     assert noisy[0] == pytest.approx(elasticity_of(at), abs=0.25) and noisy[1] > 0, "noise: wider, not biased"
 
 
+def test_the_slopes_standard_error_shrinks_as_one_over_the_root_of_the_windows() -> None:
+    around = [40 * f for f in (0.8, 0.9, 1.0, 1.1, 1.2)]
+    _, fewer = fitted(around * 16, noise=0.2).elasticity(40)
+    _, more = fitted(around * 64, noise=0.2).elasticity(40)
+    assert more == pytest.approx(fewer / 2, rel=0.2)
+
+
 def test_the_context_length_is_told_apart_from_the_batch() -> None:
     """Longer contexts slow a step at the same batch: the KV term takes that, not the batch's slope."""
     rng, slope = Random(3), PaceSlope()
