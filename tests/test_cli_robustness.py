@@ -133,6 +133,12 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
             "--served-model-name",
         ),
     ],
+    "plan": [
+        ("malformed trace", ["{text}"], "text:1: not JSON"),
+        ("price without a number", ["{good}", "--price", "h100=cheap"], "--price"),
+        ("unwritable out", ["{good}", "--out", "{unwritable}"], "--out"),
+        ("unknown policy", ["{good}", "--policy", "fastest"], "--policy"),
+    ],
     "lint-config": [
         ("missing file", ["{tmp}/nothing.yaml"], "nothing.yaml"),
         ("malformed yaml", ["{yaml}"], "broken.yaml"),

@@ -30,6 +30,7 @@ COMMANDS = {
     "advise": "batchlens.advise.command:advise",
     "sweep": "batchlens.sweep.command:sweep",
     "replay": "batchlens.replay.command:replay",
+    "plan": "batchlens.plan.command:plan",
     "lint-config": "batchlens.lint.command:lint_config",
     "doctor": "batchlens.doctor.command:doctor",
     "config": "batchlens.config.command:config_group",

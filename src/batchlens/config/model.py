@@ -11,6 +11,7 @@ from batchlens.config.engines import Engine
 from batchlens.config.exporter import Exporter
 from batchlens.config.kubernetes import Kubernetes
 from batchlens.config.links import Links
+from batchlens.config.plan import Plan
 from batchlens.config.remediate import Remediate
 from batchlens.config.routing import Routing
 from batchlens.config.thresholds import Thresholds
@@ -28,6 +29,7 @@ class Config(Section):
     links: Links = Field(default_factory=Links)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     routing: Routing = Field(default_factory=Routing)
+    plan: Plan = Field(default_factory=Plan)
 
     @model_validator(mode="before")
     @classmethod

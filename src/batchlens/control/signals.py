@@ -31,6 +31,9 @@ TTFT, ITL = LATENCIES["ttft"], LATENCIES["itl"]
 #: or without, as OpenMetrics does): the other families of an exposition (hundreds of series) are skipped.
 _READ = frozenset(name for names in (RUNNING, WAITING, GENERATED, PROMPTED, PREEMPTIONS, FINISHED, REJECTED,
                   KV_USAGE, TTFT, ITL) for n in names for name in (n, n.removesuffix("_total")))  # fmt: skip
+#: Their sample names (a counter's _total, a histogram's buckets, sum and count): what an engine's exposition needs to
+#: hold for read_sample, and all a replay renders for its policies (replay/simulated.py).
+SAMPLES_READ = frozenset(name + suffix for name in _READ for suffix in ("", "_total", "_bucket", "_sum", "_count"))
 
 
 @dataclass(frozen=True)

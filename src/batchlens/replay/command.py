@@ -11,21 +11,12 @@ import click
 from batchlens.clikit import HttpUrl, config_option, load, renamed_option, writable_folder
 from batchlens.load.options import proxy_options, proxy_via
 from batchlens.masking import mask_url
-from batchlens.replay.traces import FORMATS, MAX_RATE_SCALE, MIN_RATE_SCALE
+from batchlens.replay.options import read_requests, slo_of, slo_options, trace_options
 from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False, exists=True))
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True,
-              help="azure: TIMESTAMP,ContextTokens,GeneratedTokens; burstgpt: its CSV; jsonl: one "
-              '{"t": s, "prompt_tokens": N, "output_tokens": N} per line.')  # fmt: skip
-@click.option("--start", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
-              help="Skip this much of the trace.")  # fmt: skip
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Replay this much of the trace [default: all of it].")  # fmt: skip
-@click.option("--rate-scale", type=click.FloatRange(MIN_RATE_SCALE, MAX_RATE_SCALE), default=1.0, show_default=True,
-              help="X times the request rate, same shape: the gaps between arrivals divided by X.")  # fmt: skip
+@trace_options("Replay")
 @click.option("--simulated", is_flag=True,
               help="Replay on the simulator's engine model, in simulated time (deterministic, fast).")  # fmt: skip
 @click.option("--url", type=HttpUrl("http://127.0.0.1:8000", strip=("/v1",)),
@@ -49,12 +40,7 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               "PID, every 30 s, for comparison), admit (the default limit with the controller's queued-token cap "
               "at vLLM's door: sheds count as not good) or adaptive+admit (both knobs); repeatable.")  # fmt: skip
 @click.option("--oracle", is_flag=True, help="Also sweep static limits and report the best one for this trace.")
-@click.option(
-    "--slo-ttft", type=float, metavar="SECONDS", help="Good requests' TTFT bound [default: slo.ttft_seconds]."
-)
-@click.option(
-    "--slo-tpot", type=float, metavar="SECONDS", help="Good requests' TPOT bound [default: slo.tpot_seconds]."
-)
+@slo_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--out", type=click.Path(file_okay=False), metavar="DIR", help="Write replay.csv and replay.png here.")
 @config_option
@@ -89,12 +75,10 @@ def replay(
           --policy default --policy static:32 --oracle --out replay-out
       batchlens replay trace.jsonl --url http://127.0.0.1:8000 --duration 300
     """
-    from batchlens.goodput import Slo
     from batchlens.replay.output import rows, table, write_csv, write_png
     from batchlens.replay.policy_names import parse_policy
     from batchlens.replay.simulated import oracle as find_oracle
     from batchlens.replay.simulated import replay as run_replay
-    from batchlens.replay.traces import TraceError, read_trace, select
     from batchlens.simulator.engine import Engine
 
     if simulated and url is not None:
@@ -111,11 +95,7 @@ def replay(
             "with control.enabled, or its own setting): --policy and --oracle need --simulated"
         )
     config = load(config_path, {})
-    try:
-        slo = Slo(slo_ttft if slo_ttft is not None else config.slo.ttft_seconds,
-                  slo_tpot if slo_tpot is not None else config.slo.tpot_seconds)  # fmt: skip
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--slo-ttft/--slo-tpot") from None
+    slo = slo_of(config, slo_ttft, slo_tpot)
     try:
         chosen = [parse_policy(p, slo, config.thresholds, config.control) for p in policies]
         for policy in chosen:
@@ -123,12 +103,7 @@ def replay(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--policy") from None
     folder = writable_folder(out, "--out") if out else None
-    try:
-        requests = select(read_trace(Path(trace), fmt), start=start, duration=duration, rate_scale=rate_scale)
-    except TraceError as exc:
-        raise click.ClickException(str(exc)) from None
-    if not requests:
-        raise click.ClickException(_nothing_between(trace, fmt, start, duration))
+    requests = read_requests(trace, fmt, start, duration, rate_scale)
 
     if url is not None:
         via = proxy_via(api_key_env, text_prompts, config.routing.latency_header)
@@ -202,12 +177,3 @@ def _replay_live(url, served_model, requests, slo, as_json: bool, folder: Path |
     if live.stopped:
         click.echo(f"Error: {live.stopped}", err=True)
         raise SystemExit(1)
-
-
-def _nothing_between(trace: str, fmt: str, start: float, duration: float | None) -> str:
-    from batchlens.replay.traces import read_trace
-
-    last = read_trace(Path(trace), fmt)[-1].t
-    if start > last:
-        return f"{trace}: --start {start:g} is past the trace's end: its last request is at {last:g} s"
-    return f"{trace}: no request between {start:g} s and {start + (duration or 0):g} s (the trace spans 0..{last:g} s)"

@@ -17,10 +17,12 @@ it was needed is measured counterfactually on a sample of the sheds
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from batchlens.admin_api import AdmissionState
+from batchlens.control.signals import SAMPLES_READ
 from batchlens.goodput import Judgement, Outcome, Slo, judge
 from batchlens.queued_caps import refusal
 from batchlens.replay.policies import Policy, Signals, Static, oracle_limits
@@ -58,57 +60,97 @@ def replay(
     """Replay ``trace`` on ``engine`` under ``policy``; ``on_progress`` gets the simulated time each tick."""
     if not trace:
         raise ValueError("an empty trace: nothing to replay")
-    capacity = engine.max_num_seqs
-    engine.set_limit(policy.initial(capacity))
-    run = Run(policy.name, judge([], 0.0, slo), [(0.0, engine.max_num_active_seqs)])
+    replica = Replica(engine, policy, slo, max_model_len=max_model_len, tick=tick, on_progress=on_progress)
     requests = [SimRequest(str(i), r.prompt_tokens, r.output_tokens, r.t) for i, r in enumerate(trace)]
-    steers = not isinstance(policy, Static)
-    metrics = VllmMetrics(engine, "replay") if policy.wants_metrics else None
-    tick = policy.tick_seconds if steers else tick
-    sample = ShedSample()
-    # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
-    # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
-    now, index, next_tick = 0.0, 0, 0.0 if steers else tick
-    while index < len(requests) or engine.running or engine.waiting:
-        while index < len(requests) and requests[index].arrival <= now:
-            request = requests[index]
-            index += 1
-            request.finish_reason = turned_away(engine, request, cap := cap_of(policy), max_model_len)
-            if request.finish_reason == "refused":
-                run.refused += 1
-            elif request.finish_reason == "shed":
-                run.shed += 1
-                if metrics is not None:  # counted as vLLM counts it: what the policy reads next tick, as live
-                    metrics.admission_rejections[SHED_REASON].inc()
-                if sample.takes(run.shed):
-                    good = would_have_been_good(engine, request, requests[index:], now, cap, slo, max_model_len)
-                    sample.add(run.shed, good)
-            else:
-                engine.add(request)
-        if not (engine.running or engine.waiting):
-            if index < len(requests):
-                now = max(now, requests[index].arrival)  # idle: jump to the next arrival
-            continue
-        step = engine.step(now)
-        now += step.duration
-        if metrics is not None:
-            metrics.observe_step(step)
-        if now >= next_tick:
-            on_progress(now)
-            if steers:
-                exposition = metrics.render().decode() if metrics is not None else ""
-                limit = policy.decide(Signals(now, engine.max_num_active_seqs, capacity, len(engine.running),
+    for index, request in enumerate(requests):
+        replica.advance(request.arrival)
+        replica.arrive(request, lambda index=index: requests[index + 1 :])
+    replica.advance(math.inf)
+    return replica.result(requests, replica.now)
+
+
+class Replica:
+    """One engine under one policy, in simulated time, fed its arrivals one by one: the replay's loop, which a
+    fleet (plan/fleet.py) runs one of per engine, its balancer choosing where each arrival goes.
+
+    :meth:`advance` steps the engine to a time (the policy deciding every tick), :meth:`arrive` takes an
+    arrival through vLLM's checks (too long: refused; the door: shed; else queued), :meth:`result` judges.
+    ``false_sheds``: whether to estimate, on a sample of the sheds, how many would have been good (a shadow
+    run each: a fleet, which cannot know which engine later arrivals would go to, turns it off).
+    """
+
+    def __init__(self, engine: Engine, policy: Policy, slo: Slo, *, max_model_len: int = 8192, tick: float = 1.0,
+                 on_progress: Callable[[float], None] = lambda _t: None, false_sheds: bool = True):  # fmt: skip
+        self.engine, self.policy, self.slo, self.max_model_len = engine, policy, slo, max_model_len
+        self.on_progress = on_progress
+        self.capacity = engine.max_num_seqs
+        engine.set_limit(policy.initial(self.capacity))
+        self.run = Run(policy.name, judge([], 0.0, slo), [(0.0, engine.max_num_active_seqs)])
+        self.steers = not isinstance(policy, Static)
+        self.metrics = VllmMetrics(engine, "replay") if policy.wants_metrics else None
+        self.tick = policy.tick_seconds if self.steers else tick
+        self.sample = ShedSample() if false_sheds else None
+        # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
+        # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
+        self.now, self.next_tick = 0.0, 0.0 if self.steers else self.tick
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.engine.running or self.engine.waiting)
+
+    def arrive(self, request: SimRequest, later: Callable[[], Sequence[SimRequest]] = tuple) -> None:
+        """``request`` arrives now (at or after its arrival time): refused, shed or queued. ``later``: the arrivals
+        still to come to this engine, for a shed's counterfactual run."""
+        engine, run = self.engine, self.run
+        request.finish_reason = turned_away(engine, request, cap := cap_of(self.policy), self.max_model_len)
+        if request.finish_reason == "refused":
+            run.refused += 1
+        elif request.finish_reason == "shed":
+            run.shed += 1
+            if self.metrics is not None:  # counted as vLLM counts it: what the policy reads next tick, as live
+                self.metrics.admission_rejections[SHED_REASON].inc()
+            if self.sample is not None and self.sample.takes(run.shed):
+                good = would_have_been_good(engine, request, later(), self.now, cap, self.slo, self.max_model_len)
+                self.sample.add(run.shed, good)
+        else:
+            engine.add(request)
+
+    def advance(self, until: float) -> None:
+        """Step the engine until its clock reaches ``until`` (a step may end past it) or it has nothing to do;
+        an idle engine's clock jumps to ``until``. ``math.inf``: drain."""
+        while self.busy and self.now < until:
+            self.step()
+        if not self.busy and until != math.inf:
+            self.now = max(self.now, until)
+
+    def step(self) -> None:
+        """One scheduler iteration, and the policy's decision where a tick falls due."""
+        engine, policy = self.engine, self.policy
+        step = engine.step(self.now)
+        self.now += step.duration
+        now = self.now
+        if self.metrics is not None:
+            self.metrics.observe_step(step)
+        if now >= self.next_tick:
+            self.on_progress(now)
+            if self.steers:
+                exposition = self.metrics.render(SAMPLES_READ).decode() if self.metrics is not None else ""
+                limit = policy.decide(Signals(now, engine.max_num_active_seqs, self.capacity, len(engine.running),
                                               len(engine.waiting), engine.kv_usage, exposition))  # fmt: skip
                 if limit != engine.max_num_active_seqs:
-                    engine.set_limit(max(1, min(capacity, limit)))
-                    run.limits.append((now, engine.max_num_active_seqs))
-            next_tick = now - (now % tick) + tick
-    run.judgement = judge([_outcome(r) for r in requests], now, slo)
-    run.decisions = dict(getattr(policy, "decisions", {}))
-    run.requests = requests
-    if run.shed:
-        run.false_sheds, run.false_shed_sample = sample.estimate(run.shed), len(sample.good)
-    return run
+                    engine.set_limit(max(1, min(self.capacity, limit)))
+                    self.run.limits.append((now, engine.max_num_active_seqs))
+            self.next_tick = now - (now % self.tick) + self.tick
+
+    def result(self, requests: Sequence[SimRequest], seconds: float) -> Run:
+        """The run, judged over ``requests`` (those that arrived here) and ``seconds`` (the run's length)."""
+        run = self.run
+        run.judgement = judge([outcome(r) for r in requests], seconds, self.slo)
+        run.decisions = dict(getattr(self.policy, "decisions", {}))
+        run.requests = list(requests)
+        if run.shed and self.sample is not None:
+            run.false_sheds, run.false_shed_sample = self.sample.estimate(run.shed), len(self.sample.good)
+        return run
 
 
 def cap_of(policy: Policy) -> int | None:
@@ -171,7 +213,7 @@ def would_have_been_good(
         if duration <= 0:  # nothing could run, not even this request: it would not have been served
             break
         t += duration
-    return mine.finished_at is not None and _outcome(mine).good(slo)
+    return mine.finished_at is not None and outcome(mine).good(slo)
 
 
 def missed(request: SimRequest, now: float, slo: Slo) -> bool:
@@ -187,7 +229,8 @@ def _unserved(request: SimRequest) -> SimRequest:
     return SimRequest(request.id, request.prompt_tokens, request.max_tokens, request.arrival)
 
 
-def _outcome(request: SimRequest) -> Outcome:
+def outcome(request: SimRequest) -> Outcome:
+    """What ``request`` got, as goodput judges it: no timings unless it ran to its length."""
     if request.finish_reason != "length":
         return Outcome(None, None, 0)
     return Outcome(request.first_token_at - request.arrival, request.finished_at - request.arrival, request.generated)

@@ -9,7 +9,7 @@ prometheus_client, and so does this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -192,5 +192,7 @@ class VllmMetrics:
         for phase, value in seconds.items():
             self.request_time[phase].observe(value)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, names: Collection[str] | None = None) -> bytes:
+        """The exposition; ``names``: only the series of these sample names (a replay renders what its policy
+        reads, every tick of every simulated engine: the whole registry was half of a fleet's replay time)."""
+        return generate_latest(self.registry if names is None else self.registry.restricted_registry(names))
