@@ -11,7 +11,7 @@ import yaml
 
 from batchlens.artifacts import rule_files
 from batchlens.config import ConfigError, Thresholds, load_config
-from batchlens.rules.recording import le, recording_rules
+from batchlens.rules.recording import CURRENT_REPLICAS, DESIRED_REPLICAS, le, recording_rules
 from harness.exporter import BATCHLENS
 from harness.prometheus import require_binary
 
@@ -77,9 +77,24 @@ def test_a_breaker_threshold_that_is_no_bucket_bound_is_refused_with_the_choices
 
 
 def test_every_recording_rule_is_named_level_metric_operation() -> None:
+    """But the scaling signal's public pair, which autoscalers query (docs/scaling.md): each is recorded twice, per
+    deployment and per role, under one name."""
     names = [r["record"] for r in recording_rules(Thresholds())]
+    public = [name for name in names if name in (DESIRED_REPLICAS, CURRENT_REPLICAS)]
+    assert sorted(public) == sorted([DESIRED_REPLICAS, CURRENT_REPLICAS] * 2)
+    names = [name for name in names if name not in public]
     assert len(names) == len(set(names))
     assert all(len(name.split(":")) == 3 for name in names), names
+
+
+def test_the_scaling_signal_reads_its_headroom_and_windows_from_the_config() -> None:
+    config = load_config(None, {"thresholds": {"scale_headroom": 0.5, "scale_up_window": "2m",
+                                               "scale_down_window": "30m"}}, {})  # fmt: skip
+    rules = rule_files(config)["batchlens.rules.yml"]
+    assert "* 1.5 /" in rules and "[2m]) > batchlens:current_replicas" in rules
+    assert "[30m]) < batchlens:current_replicas" in rules
+    with pytest.raises(ConfigError, match=r"scale_down_window"):
+        load_config(None, {"thresholds": {"scale_down_window": "15 minutes"}}, {})
 
 
 def test_every_alert_has_its_runbook() -> None:

@@ -29,6 +29,9 @@ FROM_THE_ROUTER = re.compile(r"batchlens_routing_")
 #: Rules over the ranks of a data-parallel engine: an instance of one engine core has one rank, so no data. The
 #: promtool tests (alerts/tests) give them two.
 NEEDS_DATA_PARALLEL = re.compile(r"dp_rank")
+#: The scaling signal's capacity is measured only while a deployment is saturated (docs/scaling.md): a capture that
+#: never queued nor shed has none, and desired_replicas then holds the replicas serving (which it shows).
+NEEDS_SATURATION = re.compile(r"replica_served|replica_capacity|desired_replicas:raw")
 # Recording rules (level:metric:operation), and raw batchlens_* or vllm:* series.
 SERIES_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+|batchlens_[a-z_0-9]+|vllm:[a-z_0-9]+")
 
@@ -72,7 +75,7 @@ def coverage(
     ``door_classes``: whether the instance has the plugin's per-class door counters (likewise).
     """
     selector = f'{{vllm_instance="{instance}"}}'
-    absent = NEEDS_OTHER_SOURCES.pattern + "|" + NEEDS_DATA_PARALLEL.pattern
+    absent = "|".join(p.pattern for p in (NEEDS_OTHER_SOURCES, NEEDS_DATA_PARALLEL, NEEDS_SATURATION))
     if series_of(release) < QUEUED_CAPS and not door_series:
         absent += "|" + NEEDS_QUEUED_CAPS.pattern
     if not door_classes:

@@ -18,7 +18,7 @@ from batchlens.dashboards.kit import (
     target,
     timeseries,
 )
-from batchlens.rules.recording import LATENCIES, LEVEL
+from batchlens.rules.recording import ARRIVALS, CURRENT_REPLICAS, DESIRED_REPLICAS, LATENCIES, LEVEL
 
 
 def heatmap(title: str, metrics: tuple[str, ...], unit: str, description: str = "") -> heatmap_panel.Panel:
@@ -77,6 +77,36 @@ def routing_row(thresholds: Thresholds) -> tuple[int, list]:
     )  # fmt: skip
 
 
+def scaling_row(thresholds: Thresholds) -> tuple[int, list]:
+    """The scaling signal (docs/scaling.md): the replicas the arrivals need against those serving, and why."""
+    deployment = f'{SEL}, vllm_instance!=""'  # the per-role series have no vllm_instance, which ".*" would match
+    roles = 'cluster=~"$cluster", role!=""'
+    capacity = f"{LEVEL}:batchlens_replica_capacity:max1h"
+    return (
+        8,
+        [
+            (timeseries("Replicas: desired against current",
+                        (f"{DESIRED_REPLICAS}{{{deployment}}}", "{{vllm_instance}} desired"),
+                        (f"{CURRENT_REPLICAS}{{{deployment}}}", "{{vllm_instance}} current"),
+                        (f"{DESIRED_REPLICAS}{{{roles}}}", "role {{role}} desired"),
+                        (f"{CURRENT_REPLICAS}{{{roles}}}", "role {{role}} current"),
+                        description="batchlens:desired_replicas, what an autoscaler reads: the arrivals with "
+                        f"{thresholds.scale_headroom:.0%} headroom over what a replica served at saturation, up "
+                        f"after {thresholds.scale_up_window} of wanting more, down after "
+                        f"{thresholds.scale_down_window} of wanting less; against the servers serving. Desired above "
+                        "current for 15 minutes: BatchlensReplicasShort."), 12),
+            (timeseries("Scaling: arrivals against capacity",
+                        (f"{ARRIVALS}{{{SEL}}}", "{{vllm_instance}} arrivals"),
+                        (f"{capacity}{{{SEL}}} * on (cluster, namespace, vllm_instance, model_name) "
+                         f'{CURRENT_REPLICAS}{{vllm_instance!=""}}', "{{vllm_instance}} capacity of its replicas"),
+                        unit="reqps", description="Requests arriving per second, admitted plus shed (finished, "
+                        "refused at the door, and the growth of what the engines hold), against what the replicas "
+                        "serving can serve: one replica's capacity, measured at saturation, times their number. "
+                        "No capacity line until the deployment has been saturated once."), 12),
+        ],
+    )  # fmt: skip
+
+
 def workload(thresholds: Thresholds) -> dict:
     panels = place(
         [
@@ -112,12 +142,13 @@ def workload(thresholds: Thresholds) -> dict:
                 ],
             ),
             routing_row(thresholds),
+            scaling_row(thresholds),
         ]
     )  # fmt: skip
     return dashboard(
         "workload",
         "Workload profile",
-        "Request rate, burstiness, prompt and output lengths, finish reasons, latency distributions, and how the "
-        "router splits the traffic.",
+        "Request rate, burstiness, prompt and output lengths, finish reasons, latency distributions, how the "
+        "router splits the traffic, and the replicas it needs.",
         panels,
     )

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from batchlens.config import Links, Thresholds
 from batchlens.gpu_faults import THROTTLE_REASONS, critical_pattern
-from batchlens.rules.recording import LEVEL, LEVEL_ENGINE, WHERE, slo_ratio_name, slow_ratio_name
+from batchlens.rules.recording import (
+    CURRENT_REPLICAS,
+    DESIRED_REPLICAS,
+    LEVEL,
+    LEVEL_ENGINE,
+    WHERE,
+    slo_ratio_name,
+    slow_ratio_name,
+)
 
 BUDGET = 0.01  # the P99 SLO: at most 1% of requests slower than the breaker's threshold
 SHED_SHARE = 0.05  # refused at the door past this share for 5 minutes: missing capacity, a page
@@ -12,6 +20,7 @@ SHED_SHARE = 0.05  # refused at the door past this share for 5 minutes: missing 
 # idle rank are noise, not a straggler), for 10 minutes.
 STRAGGLER, STRAGGLER_BATCH = 1.5, 8
 
+REPLICAS_SHORT_FOR = "15m"  # the scaling signal above the replicas serving this long: the autoscaler is not following
 XID_WINDOW = "1h"  # an Xid pages for this long after it, whether or not the exporter restarted since
 
 RUNBOOKS = "docs/runbooks"  # each alert has docs/runbooks/<AlertName>.md
@@ -171,6 +180,18 @@ def alert_rules(thresholds: Thresholds, links: Links | None = None) -> list[dict
             '{{ $value | printf "%.0f" }} requests have waited for a minute on an engine that serves the '
             "interactive class, while its running batch is at the batch limit. vLLM does not preempt for "
             "priority when the limit binds, so a priority does not help: the interactive class needs room.",
+        ),
+        _alert(
+            links,
+            "BatchlensReplicasShort",
+            f"{DESIRED_REPLICAS} > {CURRENT_REPLICAS}",
+            REPLICAS_SHORT_FOR,
+            "warning",
+            "{{ with $labels.vllm_instance }}{{ . }}{{ else }}Role {{ $labels.role }}{{ end }} wants "
+            '{{ $value | printf "%.0f" }} replicas and has fewer',
+            f"For {REPLICAS_SHORT_FOR} {DESIRED_REPLICAS} (its arrivals with headroom over what a replica served "
+            f"at saturation) has stayed above {CURRENT_REPLICAS}, the servers serving: the autoscaler does "
+            "not follow (off, at its maximum, or its new pods wait for GPUs). Requests are shed or queue meanwhile.",
         ),
         _alert(
             links,

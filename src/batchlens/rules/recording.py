@@ -176,6 +176,75 @@ def recording_rules(thresholds: Thresholds) -> list[dict]:
         f" / sum by ({BY}, priority_class) (rate(batchlens_door_requests_total[5m]))",
     )
     rules += routing_rules()
+    rules += scaling_rules(thresholds)
+    return rules
+
+
+#: The scaling signal's public series (docs/scaling.md), per deployment (vllm_instance) and per role: what an
+#: autoscaler (KEDA, an HPA through prometheus-adapter) reads. Named outside level:metric:operation on purpose.
+DESIRED_REPLICAS = "batchlens:desired_replicas"
+CURRENT_REPLICAS = "batchlens:current_replicas"
+ARRIVALS = f"{LEVEL}:batchlens_arrivals:rate1m"
+#: A deployment saturated: its queue held a request on average over the minute, or its door refused one.
+SATURATED_QUEUE = 1
+
+
+def scaling_rules(thresholds: Thresholds) -> list[dict]:
+    """``batchlens:desired_replicas``: the arrivals (admitted plus shed) with headroom over what a replica (a server
+    of the deployment) was measured to serve at saturation, stabilised (docs/scaling.md)."""
+    rules: list[dict] = []
+
+    def record(name: str, expr: str) -> None:
+        rules.append({"record": name, "expr": expr})
+
+    # vLLM counts no arrivals. By conservation, what arrived is what finished, what the door refused, and what
+    # the engines hold more of than a minute ago (a queue that grows is demand the completions cannot show).
+    served = f"sum by ({BY}) (rate(vllm:request_success_total[1m]))"
+    shed = f"sum by ({BY}) (rate(vllm:admission_rejections_total[1m]))"
+    held = (f"sum by ({BY}) (deriv(vllm:num_requests_waiting[1m]))"
+            f" + sum by ({BY}) (deriv(vllm:num_requests_running[1m]))")  # fmt: skip
+    record(ARRIVALS, f"clamp_min({served} + ({shed} or 0 * {served}) + (({held}) or 0 * {served}), 0)")
+    # A replica is a server of the deployment (the `server` label; one where the deployment has none).
+    record(CURRENT_REPLICAS, f"count by ({BY}) (count by ({BY}, server) (vllm:num_requests_running))")
+    # What a replica served in the minutes the deployment was saturated (its queue held a request all minute, or
+    # its door refused one) is what it can serve: its goodput capacity, for the batch limit and the door keep what
+    # it admits within the SLO, and the wait that makes queued requests late is what more replicas take away.
+    # The capacity is the best of the last hour's, or else the last one measured, kept until the next.
+    saturated = (f"(sum by ({BY}) (avg_over_time(vllm:num_requests_waiting[1m])) >= {SATURATED_QUEUE})"
+                 f" or ({shed} > 0)")  # fmt: skip
+    # A minute in which servers came or went measures nothing: its rates are the old count's, divided by the new.
+    stable = f"{CURRENT_REPLICAS} == {CURRENT_REPLICAS} offset 1m"
+    at_saturation = f"{LEVEL}:batchlens_replica_served_saturated:rate1m"
+    record(at_saturation, f"({served} / {CURRENT_REPLICAS}) and on ({BY}) ({saturated}) and ({stable})")
+    capacity = f"{LEVEL}:batchlens_replica_capacity:max1h"
+    record(capacity, f"max_over_time({at_saturation}[1h]) or last_over_time({capacity}[1d])")
+    # Per role (docs/routing.md): the role's arrivals over the mean capacity of its deployments' replicas. An engine
+    # may have several roles: each role's info series takes the engine's value.
+    role = f"max by ({WHERE}, vllm_instance, role) (batchlens_engine_role)"
+
+    def per_role(how: str, series: str) -> str:
+        return f"{how} by ({WHERE}, role) ({role} * on ({WHERE}, vllm_instance) group_left {series})"
+
+    deployments = f'{CURRENT_REPLICAS}{{vllm_instance!=""}}'
+    record(CURRENT_REPLICAS, per_role("sum", deployments))
+    headroom = f"{1 + thresholds.scale_headroom:g}"
+    wanted = f"{LEVEL}:batchlens_desired_replicas:raw"
+    record(wanted, f"clamp_min(ceil({ARRIVALS} * {headroom} / ({capacity} > 0)), 1)")
+    record(
+        "role:batchlens_desired_replicas:raw",
+        f"clamp_min(ceil({per_role('sum', ARRIVALS)} * {headroom} / ({per_role('avg', capacity)} > 0)), 1)",
+    )
+    # Up once every evaluation of the short window wants more, and the window is full (a burst shorter than it, or
+    # a first measure, never scales); down to the most any evaluation of the long window wanted (HPA's stabilisation
+    # window); else, and until a capacity is measured, where it is.
+    up, down = thresholds.scale_up_window, thresholds.scale_down_window
+    for raw, level in ((wanted, 'vllm_instance!=""'), ("role:batchlens_desired_replicas:raw", 'role!=""')):
+        current = f"{CURRENT_REPLICAS}{{{level}}}"
+        record(
+            DESIRED_REPLICAS,
+            f"(min_over_time({raw}[{up}]) > {current} and {raw} offset {up})"
+            f" or (max_over_time({raw}[{down}]) < {current}) or {current}",
+        )
     return rules
 
 
