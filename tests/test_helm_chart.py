@@ -4,7 +4,8 @@ No API server, helm binary or Prometheus Operator can run here. What runs:
 - Helm's own Go library (helm-python-sdk) renders and strictly lints the chart with each ci/ values file;
 - kubernetes-validate --strict checks every built-in kind against Kubernetes 1.30 and the newest it ships;
 - the operator's CRD schemas (npm @kubernetes-models/prometheus-operator) and TypeScript's excess-property
-  check cover the operator's kinds, so a misspelt field fails;
+  check cover the operator's kinds, so a misspelt field fails; KEDA's (npm @kubernetes-models/keda) its
+  ScaledObject;
 - promtool checks the rules taken out of the rendered PrometheusRule and runs alerts/tests on them;
 - amtool tests the routing of the Alertmanager configuration the operator would build (harness/helm.py).
 """
@@ -42,7 +43,7 @@ from harness.helm import (
 from harness.pod_security import restricted_violations
 from harness.prometheus import require_binary
 
-OPERATOR_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor", "AlertmanagerConfig"}
+OPERATOR_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor", "AlertmanagerConfig", "ScaledObject"}  # CRDs
 KUBERNETES = ("1.30.0", "1.37.0")  # the oldest we support here, and the newest kubernetes-validate ships
 KPS = {"monitoringNamespace": MONITORING}  # where kube-prometheus-stack runs: a value every install gives
 
@@ -123,9 +124,72 @@ def test_the_operator_kinds_check_fails_on_a_misspelt_field(rendered, tmp_path) 
     monitor["spec"]["endpoints"][0]["intervall"] = monitor["spec"]["endpoints"][0].pop("interval")
     [rule] = of_kind(docs, "PrometheusRule")
     rule["spec"]["groups"][0]["rules"][0]["recrod"] = "x"
-    done = check_operator_kinds([monitor, rule], tmp_path)
+    [scaler] = copy.deepcopy(of_kind(rendered["all-enabled-values"], "ScaledObject"))
+    scaler["spec"]["minReplicas"] = scaler["spec"].pop("minReplicaCount")
+    done = check_operator_kinds([monitor, rule, scaler], tmp_path)
     assert done.returncode == 1, done.stdout
-    assert "intervall" in done.stdout and "recrod" in done.stdout, done.stdout
+    assert "intervall" in done.stdout and "recrod" in done.stdout and "minReplicas" in done.stdout, done.stdout
+    scaler["spec"]["minReplicaCount"] = scaler["spec"].pop("minReplicas")
+    scaler["spec"]["triggers"][0].pop("type")  # KEDA's CRD schema requires it
+    done = check_operator_kinds([scaler], tmp_path)
+    assert done.returncode == 1 and "type" in done.stdout, done.stdout
+
+
+def test_the_keda_scaledobject_is_off_by_default_and_scales_the_workload_to_the_desired_replicas(
+    rendered, tmp_path
+) -> None:
+    """docs/scaling.md: KEDA's Prometheus scaler, AverageValue with threshold 1, sets the replicas to the value."""
+    assert not of_kind(rendered["default-values"], "ScaledObject")
+    assert not of_kind(rendered["production-stack-values"], "ScaledObject")
+    [scaler] = of_kind(rendered["all-enabled-values"], "ScaledObject")
+    assert scaler["metadata"]["namespace"] == "serving"  # the workload's: KEDA scales in its own namespace
+    assert scaler["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm"}
+    assert (scaler["spec"]["minReplicaCount"], scaler["spec"]["maxReplicaCount"]) == (1, 8)
+    [trigger] = scaler["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    meta = trigger["metadata"]
+    assert meta["serverAddress"] == f"http://prometheus-operated.{MONITORING}.svc:9090"
+    assert (meta["threshold"], meta["ignoreNullValues"]) == ("1", "false")
+    # The query picks the deployment's one series (of this cluster) out of every level of the rule: promtool says so.
+    promtool = require_binary("promtool", "prometheus")
+    series = [
+        ('batchlens:desired_replicas{cluster="gpu-east-1",model_name="m",vllm_instance="serving/vllm"}', "3"),
+        ('batchlens:desired_replicas{cluster="gpu-west-1",model_name="m",vllm_instance="serving/vllm"}', "7"),
+        ('batchlens:desired_replicas{cluster="gpu-east-1",role="main"}', "5"),
+    ]
+    suite = {
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": value} for name, value in series],
+                "promql_expr_test": [
+                    {"expr": meta["query"], "eval_time": "0m", "exp_samples": [{"labels": "{}", "value": 3}]}
+                ],
+            }
+        ]
+    }
+    (tmp_path / "query.test.yml").write_text(yaml.safe_dump(suite))
+    done = subprocess.run([promtool, "test", "rules", str(tmp_path / "query.test.yml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_keda_scaledobject_needs_its_workload_and_one_signal() -> None:
+    keda = {"enabled": True, "scaleTargetRef": {"name": "vllm"}, "vllmInstance": "serving/vllm"}
+    base = {**KPS, "discovery": {"enabled": False}}
+    [scaler] = of_kind(objects({**base, "autoscaling": {"keda": {**keda, "role": "", "serverAddress": "http://p:9090"}}}),
+                       "ScaledObject")  # fmt: skip
+    assert scaler["metadata"]["namespace"] == NAMESPACE
+    assert (
+        scaler["spec"]["triggers"][0]["metadata"]["query"]
+        == 'max(batchlens:desired_replicas{vllm_instance="serving/vllm"})'
+    )
+    for broken, complaint in (
+        ({"scaleTargetRef": {"name": ""}}, "scaleTargetRef.name"),
+        ({"vllmInstance": ""}, "set one of vllmInstance"),
+        ({"role": "interactive"}, "set one of vllmInstance"),
+    ):
+        with pytest.raises(Exception, match=complaint):
+            render({**base, "autoscaling": {"keda": {**keda, **broken}}})
 
 
 def test_the_prometheusrule_holds_exactly_the_generated_groups(rendered) -> None:
