@@ -279,13 +279,39 @@ def test_the_exporter_runs_on_gpu_nodes_with_the_kubelet_socket_read_only(render
     assert container["resources"]["limits"]["memory"]
 
 
-def test_the_remediation_service_is_one_recreated_replica_with_its_state_on_a_claim(rendered) -> None:
+def test_two_hooks_by_default_one_acting_on_a_lease_their_state_in_a_config_map(rendered) -> None:
     docs = rendered["default-values"]
+    [deployment] = of_kind(docs, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+    }
+    pod = spec["template"]["spec"]
+    assert pod["affinity"]["podAntiAffinity"], "the standby on another node"
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["BATCHLENS_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert {v["name"]: v for v in pod["volumes"]}["state"] == {"name": "state", "emptyDir": {}}
+    assert not of_kind(docs, "PersistentVolumeClaim")
+    election = chart_config(docs).remediate.leader_election
+    lease = f"{RELEASE}-batchlens-remediate"
+    assert election.enabled and (election.lease_name, election.state_config_map) == (lease, f"{lease}-state")
+    [role] = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader")]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    named = {(r["resources"][0], v) for r in role["rules"] if "resourceNames" in r for v in r["verbs"]}
+    assert named == {("leases", "get"), ("leases", "update"), ("configmaps", "get"), ("configmaps", "update")}
+    assert [r["resourceNames"] for r in role["rules"] if "resourceNames" in r] == [[lease], [f"{lease}-state"]]
+
+
+def test_without_leader_election_one_recreated_replica_with_its_state_on_a_claim(rendered) -> None:
+    docs = rendered["production-stack-values"]
     [deployment] = of_kind(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
     [claim] = of_kind(docs, "PersistentVolumeClaim")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["state"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert not chart_config(docs).remediate.leader_election.enabled
+    assert not [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader")]
 
 
 def test_discovery_needs_the_engines_namespaces() -> None:
@@ -392,7 +418,7 @@ def test_a_render_without_a_cluster_is_the_same_every_time_and_leaves_the_tokens
                           "verbs": ["get", "patch"]}] for (_, names), rules in fill_roles.items())  # fmt: skip
     [service] = of_kind(docs, "Deployment")
     refs = [e["valueFrom"]["secretKeyRef"] for e in service["spec"]["template"]["spec"]["containers"][0]["env"]
-            if "valueFrom" in e]  # fmt: skip
+            if "secretKeyRef" in e.get("valueFrom", {})]  # fmt: skip
     assert refs and all(ref.get("optional") is True for ref in refs)
     # given values (or existing Secrets), nothing is left to fill and nothing may be patched
     given = objects({**values, "adminToken": {"value": "a" * 40}, "remediate": {"webhookToken": {"value": "w" * 40}}})

@@ -143,8 +143,8 @@ def test_two_hooks_one_lease_the_standby_takes_over_a_killed_leaders_episode_and
     try:
         for name in ("a", "b"):
             (tmp_path / name).mkdir()
-            hooks[name] = RemediateProcess(tmp_path / name, config, env={"BATCHLENS_ADMIN_TOKEN": sim.token,
-                                                                         "POD_NAME": f"hook-{name}"})  # fmt: skip
+            env = {"BATCHLENS_ADMIN_TOKEN": sim.token, "BATCHLENS_POD_NAME": f"hook-{name}"}
+            hooks[name] = RemediateProcess(tmp_path / name, config, env=env)
             if name == "a":
                 eventually(lambda: hooks["a"].health()["leader"]["leading"], "the first hook leading")
         a, b = hooks["a"], hooks["b"]

@@ -17,7 +17,7 @@ class LeaderElection(Section):
     lease_name: str = Field("batchlens-remediate", min_length=1, description="the Lease (coordination.k8s.io/v1)")
     namespace: str = Field("", description="the Lease's and the state's namespace; empty: the pod's own")
     identity_env: str = Field(
-        "POD_NAME", min_length=1, description="the variable that names this hook in the Lease; unset: the host name"
+        "BATCHLENS_POD_NAME", min_length=1, description="names this hook in the Lease; unset: the host name"
     )
     state_config_map: str = Field(
         "batchlens-remediate-state", min_length=1,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import httpx2
 
+from batchlens.admin_auth import POD_NAMESPACE_ENV
 from batchlens.config import Kubernetes, LeaderElection
 from batchlens.discovery.kubernetes import api_client, status_message
 
@@ -68,11 +69,11 @@ def identity(settings: LeaderElection, environ=os.environ) -> str:
 
 
 def namespace(settings: LeaderElection, environ=os.environ) -> str:
-    """The Lease's namespace: the config's, or the pod's own (the service account's file, or POD_NAMESPACE)."""
+    """The Lease's namespace: the config's, or the pod's own (BATCHLENS_POD_NAMESPACE, or the service account's)."""
     if settings.namespace:
         return settings.namespace
-    if environ.get("POD_NAMESPACE"):
-        return environ["POD_NAMESPACE"]
+    if environ.get(POD_NAMESPACE_ENV):
+        return environ[POD_NAMESPACE_ENV]
     try:
         return NAMESPACE_FILE.read_text().strip()
     except OSError:
