@@ -79,6 +79,35 @@ def test_the_slope_learns_a_full_batch_at_the_limit_not_one_still_draining_from_
     assert after == pytest.approx(before + 1 if learned else before)
 
 
+@pytest.mark.parametrize(
+    ("change", "learned"),
+    [
+        ({"waiting": 1}, True),
+        ({"waiting": 0}, False),  # no queue: the batch is what arrived, not what the limit holds
+        ({"itl": Histogram(((math.inf, 1.0),), 0.042)}, True),  # one gap is a pace
+        ({"itl": Histogram()}, False),  # no gap seen in the window
+        ({"itl": Histogram(((math.inf, 3.0),), 0.0)}, False),  # gaps that sum to nothing: no pace (no log of 0)
+    ],
+)
+def test_the_slope_learns_only_behind_a_queue_from_gaps_that_were_seen(change, learned) -> None:
+    state = State(40, capacity=capacity_of(True))
+    win = replace(w(running=40, waiting=30, pace=0.042), kv_usage=0.2, **change)
+    before = state.capacity.aged(win.seconds, TUNING.slope_seconds, TUNING.demand_seconds)
+    after = decide(state, win, 100, SLO, TUNING).state.capacity
+    assert after.slope.n == pytest.approx(before.slope.n + 1 if learned else before.slope.n)
+
+
+def test_a_window_adds_its_rates_times_its_seconds_to_the_demand() -> None:
+    state = State(40, capacity=capacity_of(True))
+    win = replace(w(running=40, waiting=30, pace=0.042), arrived_per_second=3, finished_per_second=2,
+                  prompt_tokens_per_second=500)  # fmt: skip
+    before = state.capacity.aged(win.seconds, TUNING.slope_seconds, TUNING.demand_seconds).demand
+    after = decide(state, win, 100, SLO, TUNING).state.capacity.demand
+    added = (after.arrived - before.arrived, after.finished - before.finished, after.tokens - before.tokens,
+             after.prompted - before.prompted)  # fmt: skip
+    assert added == pytest.approx((3 * 2.0, 2 * 2.0, win.tokens_per_second * 2.0, 500 * 2.0))
+
+
 def test_no_slope_before_enough_windows_at_spread_limits_and_it_fades_with_age() -> None:
     assert PaceSlope().elasticity(10) is None
     assert fitted([20, 22] * 4).elasticity(21) is None, "8 windows: too few"

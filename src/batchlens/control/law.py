@@ -384,7 +384,7 @@ def _learn(state: State, w: Window, settled: bool, tuning: Tuning) -> State:
                                      w.prompt_tokens_per_second * w.seconds)  # fmt: skip
     slope = capacity.slope
     full = 0.9 * state.limit <= w.running <= state.limit  # over it, the old batch still drains: not this limit's
-    if settled and full and w.waiting > 0 and w.itl.count > 0 and w.itl.mean > 0:
+    if settled and full and w.waiting > 0 and w.itl.mean > 0:  # no gap seen: a NaN mean
         slope = slope.observe(state.limit, w.itl.mean, w.kv_usage)
     return replace(state, capacity=Capacity(slope, demand))
 
