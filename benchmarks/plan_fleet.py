@@ -1,7 +1,8 @@
 """`batchlens plan` on an hour of a code trace: its table and PNG, how long it took, and a check that the replica
 count it chose, replayed again, meets the SLO while one fewer does not.
 
-    python benchmarks/plan_fleet.py [TRACE --format azure] [--duration 3600] [--out plan-out] [--policy P]
+    python benchmarks/plan_fleet.py [TRACE --format azure] [--duration 3600] [--rate-scale X] [--out plan-out] \
+        [--policy P] [--gpu NAME ...] [--model-profile NAME ...]
 
 TRACE: the Azure code trace (AzureLLMInferenceTrace_code.csv, https://github.com/Azure/AzurePublicDataset; not
 part of batchlens). Without it, a synthetic stand-in is written to OUT/synthetic_code.csv in Azure's format:
@@ -50,9 +51,11 @@ def main() -> None:
     parser.add_argument("trace", nargs="?")
     parser.add_argument("--format", default="azure")
     parser.add_argument("--duration", type=float, default=3600.0)
+    parser.add_argument("--rate-scale", type=float, default=1.0)
     parser.add_argument("--out", default="plan-out")
     parser.add_argument("--policy", default="adaptive+admit")
     parser.add_argument("--gpu", action="append", default=[])
+    parser.add_argument("--model-profile", action="append", default=[])
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -60,10 +63,12 @@ def main() -> None:
     if trace is None:
         trace = str(out / "synthetic_code.csv")
         print(f"no trace given: wrote {synthetic_code_trace(Path(trace), args.duration)} synthetic requests to {trace}")
-    requests = select(read_trace(Path(trace), args.format), duration=args.duration)
+    requests = select(read_trace(Path(trace), args.format), duration=args.duration, rate_scale=args.rate_scale)
     gpus = [a for g in args.gpu or ("a100-80g", "h100") for a in ("--gpu", g)]
+    gpus += [a for m in args.model_profile for a in ("--model-profile", m)]
     command = [sys.executable, "-m", "batchlens", "plan", trace, "--format", args.format, "--duration",
-               str(args.duration), "--policy", args.policy, *gpus, "--out", str(out)]  # fmt: skip
+               str(args.duration), "--rate-scale", str(args.rate_scale), "--policy", args.policy, *gpus,
+               "--out", str(out)]  # fmt: skip
     began = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     took = time.monotonic() - began
@@ -72,21 +77,28 @@ def main() -> None:
     with (out / "plan.csv").open() as rows:
         points = list(csv.DictReader(rows))
     print(f"plan took {took:.0f} s on {len(requests)} requests over {args.duration / 3600:.2f} h")
-    chosen = next(p for p in points if p["cheapest"] == "True")
-    chosen["replicas"] = int(chosen["replicas"])
-    gpu, model = chosen["profile"].split("/")
     config = load_config(None)
     slo = Slo(config.slo.ttft_seconds, config.slo.tpot_seconds)
     rule = Rule(config.plan.target_attainment, config.plan.max_shed_share)
-    for n in (chosen["replicas"], chosen["replicas"] - 1):
-        if n < 1:
+    for name in dict.fromkeys(p["profile"] for p in points):  # each profile's fewest that meet, and one fewer
+        meeting = [int(p["replicas"]) for p in points if p["profile"] == name and p["meets"] == "True"]
+        if not meeting:
+            print(f"check: {name}: no count tried meets the SLO")
             continue
-        fleet = replay_fleet(requests, Profile(gpu, model).engine, lambda: parse_policy(args.policy, slo), slo, n,
-                             balancer_name=chosen["balancer"])  # fmt: skip
-        j = fleet.judgement
-        print(f"check: {n} x {chosen['profile']} replayed again: attained {j.slo_attainment:.2%}, shed "
-              f"{fleet.shed_share:.2%}: {'meets' if rule.meets(j.slo_attainment, fleet.shed_share) else 'misses'} "
-              "the SLO")  # fmt: skip
+        cheapest = any(p["cheapest"] == "True" for p in points if p["profile"] == name)
+        gpu, model = name.split("/")
+        for n in (min(meeting), min(meeting) - 1):
+            if n < 1:
+                print(f"check: {name}: one fewer is none at all")
+                continue
+            fleet = replay_fleet(requests, Profile(gpu, model).engine, lambda: parse_policy(args.policy, slo), slo,
+                                 n, balancer_name=config.plan.balancer)  # fmt: skip
+            j = fleet.judgement
+            verdict = "meets" if rule.meets(j.slo_attainment, fleet.shed_share) else "misses"
+            print(
+                f"check: {n} x {name}{' (the cheapest)' if cheapest and n == min(meeting) else ''} replayed "
+                f"again: attained {j.slo_attainment:.2%}, shed {fleet.shed_share:.2%}: {verdict} the SLO"
+            )
 
 
 if __name__ == "__main__":

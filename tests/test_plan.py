@@ -80,10 +80,25 @@ def test_plan_on_a_small_trace_chooses_a_count_that_meets_while_one_fewer_does_n
     best = next(p for p in chosen if p.cheapest)
     assert best.meets and bound <= best.replicas + 1
     fewer = next(p for p in points if p.replicas == best.replicas - 1)
-    assert not fewer.meets and fewer.slo_attainment < best.slo_attainment
+    assert not fewer.meets
     for n, meets in ((best.replicas, True), (best.replicas - 1, False)):  # replayed again, on its own
         fleet = replay_fleet(requests, lambda: PROFILE.engine(64), lambda: Static(16), SLO, n)
         assert Rule().meets(fleet.judgement.slo_attainment, fleet.shed_share) is meets
+
+
+def test_a_fleet_sure_to_miss_stops_where_it_is_sure_and_only_then() -> None:
+    requests = trace()
+    rule = Rule()
+    most_bad, most_shed = rule.most_not_good(len(requests))
+    assert (most_bad, most_shed) == (len(requests) // 100, len(requests) // 100)
+    short = replay_fleet(requests, lambda: PROFILE.engine(64), lambda: Static(16), SLO, 1, most_bad=most_bad,
+                         most_shed=most_shed)  # fmt: skip
+    whole = replay_fleet(requests, lambda: PROFILE.engine(64), lambda: Static(16), SLO, 1)
+    assert short.stopped_at is not None and len(short.requests) < len(requests) and whole.stopped_at is None
+    assert whole.judgement.requests - whole.judgement.good > most_bad  # it did miss, replayed whole
+    enough = replay_fleet(requests, lambda: PROFILE.engine(64), lambda: Static(16), SLO, 4, most_bad=most_bad,
+                          most_shed=most_shed)  # fmt: skip
+    assert enough.stopped_at is None and rule.meets(enough.judgement.slo_attainment, enough.shed_share)
 
 
 def test_the_cost_arithmetic() -> None:

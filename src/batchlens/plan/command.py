@@ -58,14 +58,17 @@ def parse_prices(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--max-model-len", type=click.IntRange(2), default=8192, show_default=True,
               help="Longer requests are refused at arrival, as vLLM does (not good).")  # fmt: skip
 @slo_options
+@click.option("--whole", is_flag=True,
+              help="Replay every fleet to the end of the trace, even one already sure to miss the SLO (slower; "
+              "by default it stops there, and its row says where).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--out", type=click.Path(file_okay=False), metavar="DIR", help="Write plan.csv and plan.png here.")
 @config_option
 def plan(
     trace: str, fmt: str, start: float, duration: float | None, rate_scale: float, gpus: tuple[str, ...],
     models: tuple[str, ...], policy: str, balancer: str | None, prices: tuple[str, ...], max_replicas: int | None,
-    max_num_seqs: int, max_model_len: int, slo_ttft: float | None, slo_tpot: float | None, as_json: bool,
-    out: str | None, config_path: str | None,
+    max_num_seqs: int, max_model_len: int, slo_ttft: float | None, slo_tpot: float | None, whole: bool,
+    as_json: bool, out: str | None, config_path: str | None,
 ) -> None:  # fmt: skip
     """Size a fleet for a trace: how many replicas of which GPU and model profile serve it within the SLO.
 
@@ -121,7 +124,8 @@ def plan(
 
     def said(found) -> None:
         click.echo(f"  {found.profile} x {found.replicas}: attained {found.slo_attainment:.2%}, shed "
-                   f"{found.shed_share:.2%}, {'meets' if found.meets else 'misses'} the SLO "
+                   f"{found.shed_share:.2%}, {'meets' if found.meets else 'misses'} the SLO"
+                   f"{f' (stopped at {found.stopped_at:.0f} s)' if found.stopped_at is not None else ''} "
                    f"[{time.monotonic() - began:.0f} s]", err=True)  # fmt: skip
 
     for profile in profiles:
@@ -129,7 +133,7 @@ def plan(
             bound, found = plan_profile(
                 requests, profile, lambda: parse_policy(policy, slo, config.thresholds, config.control), slo, rule,
                 seconds=seconds, price=price_of[profile.gpu], balancer_name=balancer, max_replicas=most,
-                max_num_seqs=max_num_seqs, max_model_len=max_model_len, on_point=said,
+                max_num_seqs=max_num_seqs, max_model_len=max_model_len, on_point=said, whole=whole,
             )  # fmt: skip
         except ValueError as exc:  # the model does not fit the GPU
             skipped.append(f"{profile.name}: {exc}")

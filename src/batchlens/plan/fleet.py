@@ -71,7 +71,8 @@ class FleetRun:
     shed: int
     refused: int
     runs: list[Run] = field(default_factory=list, repr=False)
-    requests: list[SimRequest] = field(default_factory=list, repr=False)
+    requests: list[SimRequest] = field(default_factory=list, repr=False)  # those replayed (all, unless stopped)
+    stopped_at: float | None = None  # where a fleet sure to miss stopped (simulated seconds); None: replayed whole
 
     @property
     def shed_share(self) -> float:
@@ -87,9 +88,16 @@ def replay_fleet(
     *,
     balancer_name: str = "least-loaded",
     max_model_len: int = 8192,
+    most_bad: int | None = None,
+    most_shed: int | None = None,
 ) -> FleetRun:
     """Replay ``trace`` on ``replicas`` engines from ``make_engine``, each under a fresh ``make_policy()``,
-    behind the named balancer; judged over every request and the run's length (the last engine's drain)."""
+    behind the named balancer; judged over every request and the run's length (the last engine's drain).
+
+    ``most_bad``, ``most_shed``: stop as soon as more requests than that are sure not to be good (refused,
+    shed, or finished outside the SLO), or more than that were shed: the fleet can no longer meet the SLO,
+    whatever the rest of the trace does. It is then judged over the requests that arrived until then, over
+    that time (those still in the engines as not completed), and says where it stopped."""
     if not trace:
         raise ValueError("an empty trace: nothing to replay")
     if replicas < 1:
@@ -99,16 +107,27 @@ def replay_fleet(
              for _ in range(replicas)]  # fmt: skip
     requests = [SimRequest(str(i), r.prompt_tokens, r.output_tokens, r.t) for i, r in enumerate(trace)]
     mine: list[list[SimRequest]] = [[] for _ in fleet]
-    for request in requests:
+    stopped_at = None
+    for index, request in enumerate(requests):
         for replica in fleet:
             replica.advance(request.arrival)
+        if _sure_to_miss(fleet, most_bad, most_shed):
+            stopped_at, requests = request.arrival, requests[:index]
+            break
         chosen = spread.pick([replica.engine.unfinished for replica in fleet])
         fleet[chosen].arrive(request)
         mine[chosen].append(request)
-    for replica in fleet:
-        replica.advance(math.inf)
-    seconds = max(replica.now for replica in fleet)
+    else:
+        for replica in fleet:
+            replica.advance(math.inf)
+    seconds = max(replica.now for replica in fleet) if stopped_at is None else stopped_at
     runs = [replica.result(own, seconds) for replica, own in zip(fleet, mine, strict=True)]
     judgement = judge([outcome(r) for r in requests], seconds, slo)
     return FleetRun(replicas, spread.name, judgement, sum(r.shed for r in runs), sum(r.refused for r in runs), runs,
-                    requests)  # fmt: skip
+                    requests, stopped_at)  # fmt: skip
+
+
+def _sure_to_miss(fleet: Sequence[Replica], most_bad: int | None, most_shed: int | None) -> bool:
+    return (most_bad is not None and sum(r.bad for r in fleet) > most_bad) or (
+        most_shed is not None and sum(r.run.shed for r in fleet) > most_shed
+    )

@@ -43,10 +43,13 @@ def rows(points: Sequence[Point]) -> list[dict]:
 
 def table(points: Sequence[Point], slo: Slo, rule: Rule, *, policy: str, balancer: str) -> str:
     shown = [{**row, "meets": "yes" if row["meets"] else "no"} for row in rows(points)]
-    lines = text_table(COLUMNS, shown, width=8, marks=["  <- cheapest" if p.cheapest else "" for p in points])
+    lines = text_table(COLUMNS, shown, width=8, marks=[mark(p) for p in points])
     lines.append(f"each replica under {policy}, behind a {balancer} balancer; {rule.describe(slo)}")
     lines.append("batch limit: averaged over time and replicas; door cap: the queued-token cap at the end (median "
                  "over replicas; - open); $/M good tok: GPU-hours x price / the good requests' tokens")  # fmt: skip
+    if any(p.stopped_at is not None for p in points):
+        lines.append("stopped at: a fleet sure to miss (more requests not good, or shed, than the SLO allows over "
+                     "the whole trace) stops there; its figures are until then (--whole: to the end)")  # fmt: skip
     cheapest = next((p for p in points if p.cheapest), None)
     if cheapest is None:
         lines.append("no fleet tried meets the SLO: raise plan.max_replicas (--max-replicas), or try other profiles")
@@ -54,6 +57,12 @@ def table(points: Sequence[Point], slo: Slo, rule: Rule, *, policy: str, balance
         lines.append(f"cheapest that meets the SLO: {cheapest.replicas} x {cheapest.profile} ({cheapest.gpus} GPUs), "
                      f"${cheapest.usd_per_million_good_tokens:.4f} per million good tokens")  # fmt: skip
     return "\n".join(lines)
+
+
+def mark(point: Point) -> str:
+    if point.cheapest:
+        return "  <- cheapest"
+    return f"  stopped at {point.stopped_at:.0f} s: sure to miss" if point.stopped_at is not None else ""
 
 
 def write_csv(points: Sequence[Point], path: Path) -> None:
@@ -88,7 +97,9 @@ def write_png(points: Sequence[Point], path: Path, *, title: str) -> None:
     for ax in (ax_good, ax_cost):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)
-    fig.suptitle("filled: the fleet meets the SLO; open: it misses it; ringed: the cheapest that meets it",
+    stopped = "; a fleet stopped as sure to miss has no cost per good token" if any(
+        p.stopped_at is not None for p in points) else ""  # fmt: skip
+    fig.suptitle(f"filled: the fleet meets the SLO; open: it misses it; ringed: the cheapest that meets it{stopped}",
                  fontsize=9, color="dimgray")  # fmt: skip
     fig.savefig(path, dpi=100)
     plt.close(fig)

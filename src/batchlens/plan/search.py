@@ -61,6 +61,11 @@ class Rule:
     def meets(self, attainment: float, shed_share: float) -> bool:
         return attainment >= self.target_attainment and shed_share <= self.max_shed_share
 
+    def most_not_good(self, requests: int) -> tuple[int, int]:
+        """(requests not good, requests shed) beyond which a fleet of ``requests`` can no longer meet the SLO."""
+        return (math.floor(requests * (1 - self.target_attainment) + 1e-9),
+                math.floor(requests * self.max_shed_share + 1e-9))  # fmt: skip
+
     def describe(self, slo: Slo) -> str:
         return (f"meets the SLO: at least {self.target_attainment:.1%} of requests good (TTFT <= "
                 f"{slo.ttft_seconds:g}s and TPOT <= {slo.tpot_seconds:g}s; shed and refused are not good) and at "
@@ -90,6 +95,7 @@ class Point:
     usd_per_million_good_tokens: float  # inf where no token was good
     meets: bool
     cheapest: bool = False  # the cheapest of all the points that meet the SLO
+    stopped_at: float | None = None  # sure to miss, the replay stopped here (seconds); its figures are until then
 
 
 def gpu_hours(replicas: int, gpus_per_replica: int, seconds: float) -> float:
@@ -130,7 +136,8 @@ def point(fleet: FleetRun, profile: Profile, slo: Slo, rule: Rule, *, seconds: f
         profile.name, fleet.replicas, fleet.replicas * profile.gpus_per_replica, fleet.runs[0].policy, fleet.balancer,
         statistics.fmean(mean_limit(run, j.seconds) for run in fleet.runs), door, j.requests, j.goodput_rps,
         j.slo_attainment, fleet.shed_share, j.p99_ttft_s, j.p99_tpot_s, hours, tokens, hours * price,
-        cost_per_million(hours * price, tokens), rule.meets(j.slo_attainment, fleet.shed_share),
+        cost_per_million(hours * price, tokens) if fleet.stopped_at is None else math.nan,
+        fleet.stopped_at is None and rule.meets(j.slo_attainment, fleet.shed_share), stopped_at=fleet.stopped_at,
     )  # fmt: skip
 
 
@@ -221,9 +228,13 @@ def plan_profile(
     trace: Sequence[TraceRequest], profile: Profile, make_policy: Callable[[], Policy], slo: Slo, rule: Rule, *,
     seconds: float, price: float, balancer_name: str = "least-loaded", max_replicas: int = 64,
     max_num_seqs: int = 256, max_model_len: int = 8192, on_point: Callable[[Point], None] = lambda _p: None,
+    whole: bool = False,
 ) -> tuple[int, list[Point]]:  # fmt: skip
-    """One profile's search: (its lower bound, the points replayed). ValueError where the model does not fit."""
+    """One profile's search: (its lower bound, the points replayed). ValueError where the model does not fit.
+    A fleet sure to miss the SLO stops there (replay_fleet's most_bad), unless ``whole``."""
     profile.engine(max_num_seqs)  # fails early, and clearly, where the model does not fit the GPU
+
+    most_bad, most_shed = (None, None) if whole else rule.most_not_good(len(trace))
 
     def evaluate(n: int) -> Point:
         policies: list[Policy] = []
@@ -233,7 +244,7 @@ def plan_profile(
             return policies[-1]
 
         fleet = replay_fleet(trace, lambda: profile.engine(max_num_seqs), make, slo, n, balancer_name=balancer_name,
-                             max_model_len=max_model_len)  # fmt: skip
+                             max_model_len=max_model_len, most_bad=most_bad, most_shed=most_shed)  # fmt: skip
         found = point(fleet, profile, slo, rule, seconds=seconds, price=price, policies=policies)
         on_point(found)
         return found

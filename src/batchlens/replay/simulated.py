@@ -90,6 +90,7 @@ class Replica:
         self.metrics = VllmMetrics(engine, "replay") if policy.wants_metrics else None
         self.tick = policy.tick_seconds if self.steers else tick
         self.sample = ShedSample() if false_sheds else None
+        self.bad = 0  # requests already sure not to be good: refused, shed, or finished outside the SLO
         # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
         # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
         self.now, self.next_tick = 0.0, 0.0 if self.steers else self.tick
@@ -105,8 +106,10 @@ class Replica:
         request.finish_reason = turned_away(engine, request, cap := cap_of(self.policy), self.max_model_len)
         if request.finish_reason == "refused":
             run.refused += 1
+            self.bad += 1
         elif request.finish_reason == "shed":
             run.shed += 1
+            self.bad += 1
             if self.metrics is not None:  # counted as vLLM counts it: what the policy reads next tick, as live
                 self.metrics.admission_rejections[SHED_REASON].inc()
             if self.sample is not None and self.sample.takes(run.shed):
@@ -129,6 +132,7 @@ class Replica:
         step = engine.step(self.now)
         self.now += step.duration
         now = self.now
+        self.bad += sum(not outcome(r).good(self.slo) for r in step.finished)
         if self.metrics is not None:
             self.metrics.observe_step(step)
         if now >= self.next_tick:
