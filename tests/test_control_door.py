@@ -30,9 +30,12 @@ def test_a_cap_batchlens_neither_set_nor_sent_is_a_hands_and_stands_as_the_targe
     assert held.decision.prefill_tokens_per_second == 2000.0  # the estimate is still said
     later = admit(held.state, now=399.0, in_force=5000, history=SURE, settings=SETTINGS, manual_hold_seconds=300)
     assert not later.manual and later.decision.reason == "manual_hold"
+    over = admit(held.state, now=400.0, in_force=5000, history=SURE, settings=SETTINGS, manual_hold_seconds=300)
+    assert over.decision.reason == "stale" and over.change, "the hold is over at its end: the door opens"
 
 
 def test_a_cap_found_as_sent_is_no_hands_the_put_landed() -> None:
+    assert DoorState().landed(4000).known == 4000, "a cap set is a cap known"
     sent = DoorState(cap=3000, seen=True).sending(4000)
     found = tick(sent, 4000, SURE)
     assert not found.manual and found.state == DoorState(cap=4000, seen=True)  # what was sent is forgotten
@@ -48,6 +51,9 @@ def test_a_hand_that_lifts_the_cap_opens_the_door_until_its_hold_ends() -> None:
 def test_a_restart_onto_a_cap_keeps_it_until_the_estimate_is_sure_or_had_the_time_to_be() -> None:
     resumed = tick(DoorState(cap=3000, seen=True), 3000, SURE[:1], resume_until=160.0)
     assert (resumed.decision.cap, resumed.decision.reason, resumed.change) == (3000, "resumed", False)
+    assert resumed.state == DoorState(cap=3000, seen=True)
+    blind = tick(DoorState(cap=3000, seen=True), 3000, (), resume_until=160.0)  # no window yet at all
+    assert (blind.decision.cap, blind.decision.reason) == (3000, "resumed")
     late = tick(DoorState(cap=3000, seen=True), 3000, SURE[:1], resume_until=100.0)
     assert (late.decision.cap, late.decision.reason, late.change) == (None, "too_few_windows", True)
     sure = tick(DoorState(cap=3000, seen=True), 3000, SURE, resume_until=160.0)

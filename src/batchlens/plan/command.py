@@ -61,6 +61,17 @@ def parse_prices(values: tuple[str, ...]) -> dict[str, float]:
 @click.option("--whole", is_flag=True,
               help="Replay every fleet to the end of the trace, even one already sure to miss the SLO (slower; "
               "by default it stops there, and its row says where).")  # fmt: skip
+@click.option("--autoscale", is_flag=True,
+              help="Also replay, for each profile, a fleet whose replicas follow batchlens:desired_replicas (the "
+              "thresholds' scale_* settings), from one replica, against the fewest fixed replicas that meet the SLO: "
+              "attainment, shed share and GPU-hours of each.")  # fmt: skip
+@click.option(
+    "--startup-seconds",
+    type=click.FloatRange(0),
+    default=120.0,
+    show_default=True,
+    help="With --autoscale: from a replica asked for to it serving (scheduling, image, weights, warm-up).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--out", type=click.Path(file_okay=False), metavar="DIR", help="Write plan.csv and plan.png here.")
 @config_option
@@ -68,7 +79,7 @@ def plan(
     trace: str, fmt: str, start: float, duration: float | None, rate_scale: float, gpus: tuple[str, ...],
     models: tuple[str, ...], policy: str, balancer: str | None, prices: tuple[str, ...], max_replicas: int | None,
     max_num_seqs: int, max_model_len: int, slo_ttft: float | None, slo_tpot: float | None, whole: bool,
-    as_json: bool, out: str | None, config_path: str | None,
+    autoscale: bool, startup_seconds: float, as_json: bool, out: str | None, config_path: str | None,
 ) -> None:  # fmt: skip
     """Size a fleet for a trace: how many replicas of which GPU and model profile serve it within the SLO.
 
@@ -144,6 +155,19 @@ def plan(
     if not points:
         raise click.ClickException("no profile fits: " + "; ".join(skipped))
     points = mark_cheapest(points)
+    scaled = []
+    if autoscale:
+        from batchlens.plan.autoscale import compare_autoscaled
+
+        for profile in profiles:
+            fixed = [p for p in points if p.profile == profile.name and p.meets]
+            if fixed:
+                scaled.append(compare_autoscaled(
+                    requests, profile, min(fixed, key=lambda p: p.replicas), lambda: parse_policy(
+                        policy, slo, config.thresholds, config.control), slo, config.thresholds,
+                    startup_seconds=startup_seconds, balancer_name=balancer, max_replicas=most,
+                    max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                ))  # fmt: skip
     took = time.monotonic() - began
     if as_json:
         click.echo(json.dumps({"slo": {"ttft_s": slo.ttft_seconds, "tpot_s": slo.tpot_seconds},
@@ -151,9 +175,12 @@ def plan(
                                          "max_shed_share": rule.max_shed_share},
                                "policy": policy, "balancer": balancer, "requests": len(requests),
                                "trace_seconds": seconds, "skipped": skipped, "seconds_taken": round(took, 1),
-                               "points": rows(points)}, indent=2))  # fmt: skip
+                               "points": rows(points), "autoscaled": [s.row() for s in scaled]},
+                              indent=2))  # fmt: skip
     else:
         click.echo(table(points, slo, rule, policy=policy, balancer=balancer))
+        for compared in scaled:
+            click.echo(compared.said())
         for line in skipped:
             click.echo(f"skipped {line}")
         click.echo(f"planned in {took:.0f} s")
