@@ -149,7 +149,7 @@ def replay_autoscaled(
     def until(t: float) -> None:
         """Every replica to ``t``; the GPU-seconds of every replica that holds GPUs in between."""
         nonlocal gpu_seconds, last
-        for r in (*serving, *draining, *(r for _, r in starting)):
+        for r in (*serving, *draining):  # one starting has nothing to do: its clock is set as it starts serving
             r.advance(t)
         gpu_seconds += (len(serving) + len(starting) + len(draining)) * (t - last) * gpus_per_replica
         last = t

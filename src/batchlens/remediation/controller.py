@@ -227,8 +227,10 @@ class Controller:
             if name in self.states:
                 self.states[name] = Steering.from_dict(data)
                 await self.store.run(self.store.save_control, name, self.states[name], now)
-        for engine in self._engines.values():
-            engine.samples.clear()  # windows from before the move are another hook's, and old
+        for engine in self._engines.values():  # windows from before the move are another hook's, or old
+            engine.samples.clear()
+            engine.saturated.clear()
+            engine.minute = None
 
     async def _tick_one(self, name: str, now: float, breakers: Mapping[str, EngineState]) -> None:
         batch = None

@@ -249,18 +249,25 @@ class RemediationServer:
                  lead.elector.me, lead.elector.namespace, settings.lease_name, settings.retry_period_seconds,
                  settings.lease_duration_seconds + settings.retry_period_seconds)  # fmt: skip
         while True:
-            leading = await lead.elector.round()
-            if leading and not r.acting and (saved := await lead.saved()) is not None:
-                log.warning("leader election: this hook (%s) leads: it acts from now on, from the state the last "
-                            "leader kept", lead.elector.me)  # fmt: skip
-                await r.take_over(saved)
-            elif not leading and r.acting:
-                log.warning("leader election: this hook no longer leads (%s does): standing by",
-                            lead.elector.holder or "nobody")  # fmt: skip
-                await r.stand_by()
-            if leading and r.controller is not None:
-                await lead.keep("controllers", {n: s.to_dict() for n, s in r.controller.states.items()})
+            try:
+                await self._lead_round(lead, r)
+            except Exception:  # a round that fails (the store, say) must not end the election: the next retries
+                log.exception("leader election: a round failed; retrying in %g s", settings.retry_period_seconds)
             await asyncio.sleep(settings.retry_period_seconds)
+
+    @staticmethod
+    async def _lead_round(lead, r: Remediator) -> None:
+        leading = await lead.elector.round()
+        if leading and not r.acting and (saved := await lead.saved()) is not None:
+            log.warning("leader election: this hook (%s) leads: it acts from now on, from the state the last leader "
+                        "kept", lead.elector.me)  # fmt: skip
+            await r.take_over(saved)
+        elif not leading and r.acting:
+            log.warning("leader election: this hook no longer leads (%s does): standing by",
+                        lead.elector.holder or "nobody")  # fmt: skip
+            await r.stand_by()
+        if leading and r.controller is not None:
+            await lead.keep("controllers", {n: s.to_dict() for n, s in r.controller.states.items()})
 
     async def _discover_every(self) -> None:
         while True:
