@@ -1,4 +1,5 @@
-"""Routing's pure parts: classification, the cold-path gap, the exporter's signals, and the fallbacks.
+"""Routing's pure parts: classification, the cold-path gap, the exporter's signals, the fallbacks, and where a
+door's refusal is retried.
 
 No proxy and no server: requests are plain facts, time is given, and the exporter's exposition is rendered
 by prometheus_client with the names and labels the exporter uses (tests/test_exporter_* check the exporter
@@ -8,6 +9,7 @@ renders them so).
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import re
 import socket
@@ -20,11 +22,24 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from batchlens.artifacts import artifacts
 from batchlens.cli import main
 from batchlens.config import Config, ConfigError, Engine, Routing, load_config
+from batchlens.queued_caps import MESSAGES
 from batchlens.routing.classify import Request, classify
+from batchlens.routing.door_retry import (
+    METADATA_KEY,
+    NO_ENGINE,
+    OUTCOMES,
+    PAST_BUDGET,
+    REFUSED_AGAIN,
+    SERVED,
+    DoorRetry,
+    door_of,
+    door_refusal,
+    retry_after,
+)
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.llmd import context_range, epp_config
 from batchlens.routing.pick import Route, pick
-from batchlens.routing.proxy_config import ProxyConfigError, litellm_config
+from batchlens.routing.proxy_config import ProxyConfigError, deployment_engines, litellm_config
 from batchlens.routing.proxy_request import (
     caller_of,
     client_priority,
@@ -472,6 +487,112 @@ def test_the_router_without_its_exporter_routes_by_role_and_counts_it() -> None:
     assert registry.get_sample_value("batchlens_routing_signals_up") == 0
     labels = {"wanted": "long", "reason": "long_prompt", "role": "long", "fallback": ""}
     assert registry.get_sample_value("batchlens_routing_decisions_total", labels) == 1
+
+
+DOOR_ROLES = {"main": ["a", "b", "c", "d"], "interactive": ["f"], "long": [], "cold": []}
+REFUSAL, AGAIN = object(), object()  # the 503s a client would get
+
+
+def door_retry(**fields) -> DoorRetry:
+    return DoorRetry("main", since=100.0, **fields)
+
+
+def test_a_door_refusal_is_retried_once_on_the_fallback_hop_on_another_engine_of_its_role_with_room() -> None:
+    door = door_retry()
+    states = {"b": SATURATED, "c": DOWN}  # d unknown: usable, as routing takes it
+    everything = {"a", "b", "c", "d", "f"}
+    assert door.route(100.1, 0.5, DOOR_ROLES, states, everything, hop=False) is None  # no refusal: as LiteLLM routes
+    assert door.failed("a", REFUSAL) == ""
+    assert door.route(100.1, 0.5, DOOR_ROLES, states, everything, hop=False) == ()  # its generic retry: nowhere
+    assert door.route(100.2, 0.5, DOOR_ROLES, states, everything, hop=True) == ("d",)  # never a, b, c, nor f
+    assert door.route(100.2, 0.5, DOOR_ROLES, {}, everything, hop=True) == ()  # once
+    assert (door.answered(), door.answered(), door.outcome) == (SERVED, "", SERVED)
+    assert door.said() == "the door of main engine a refused a request; retried on d, which served it"
+
+
+def test_a_retry_refused_again_or_failing_ends_it_with_the_first_503() -> None:
+    for failure, outcome in ((AGAIN, REFUSED_AGAIN), (None, "failed")):
+        door = door_retry()
+        door.failed("a", REFUSAL)
+        assert door.route(100.1, 0.5, DOOR_ROLES, {}, {"a", "b"}, hop=True) == ("b",)  # c and d: LiteLLM's cooldown
+        assert (door.failed("b", failure), door.failed("b", failure)) == (outcome, "")
+        assert door.answer is REFUSAL and door.failed_on == ["a", "b"]
+        assert door.route(100.2, 0.5, DOOR_ROLES, {}, {"a", "b", "c"}, hop=True) == ()
+        assert door.answered() == "" and door.outcome == outcome
+
+
+@pytest.mark.parametrize(("now", "expected"), [(100.49, ("b",)), (100.5, ()), (101.0, ())])
+def test_no_retry_past_the_ttft_budget(now, expected) -> None:
+    door = door_retry()
+    door.failed("a", REFUSAL)
+    assert door.route(now, 0.5, DOOR_ROLES, {}, {"a", "b"}, hop=True) == expected
+    assert door.outcome == ("" if expected else PAST_BUDGET)
+
+
+@pytest.mark.parametrize("states", [{"b": SATURATED, "c": DOWN, "d": SATURATED}, {"b": DOWN, "c": DOWN, "d": DOWN}])
+def test_no_retry_without_another_engine_of_the_role_with_room(states) -> None:
+    door = door_retry()
+    door.failed("a", REFUSAL)
+    assert door.route(100.1, 0.5, DOOR_ROLES, states, {"a", "b", "c", "d", "f"}, hop=True) == ()
+    assert door.outcome == NO_ENGINE
+    assert "not retried: no other main engine had room" in door.said()
+    alone = DoorRetry("interactive", since=100.0)  # the only engine of its role: not the main ones beside it
+    alone.failed("f", REFUSAL)
+    assert alone.route(100.1, 0.5, DOOR_ROLES, {}, {"a", "b", "c", "d", "f"}, hop=True) == ()
+    assert alone.outcome == NO_ENGINE
+
+
+def test_an_engine_that_failed_otherwise_is_left_as_litellm_routes_and_never_retried_on() -> None:
+    door = door_retry()
+    assert door.failed("a", None) == ""  # down: LiteLLM's retry and its fallback group, as before
+    assert door.route(100.1, 0.5, DOOR_ROLES, {}, {"a", "b", "c"}, hop=False) is None
+    assert door.failed("b", REFUSAL) == ""  # its retry found a door
+    assert door.route(100.2, 0.5, DOOR_ROLES, {}, {"a", "b", "c"}, hop=True) == ("c",)
+    assert (door.refused_by, door.answer) == ("b", REFUSAL)
+
+
+def test_the_record_is_the_plugins_alone_and_every_copy_of_the_metadata_shares_it() -> None:
+    door = door_retry()
+    metadata = {"tags": [], METADATA_KEY: door}
+    for kwargs in ({"metadata": metadata}, {"metadata": dict(metadata)}, {"metadata": copy.deepcopy(metadata)}):
+        assert door_of(kwargs) is door
+    client = {"metadata": {METADATA_KEY: {"role": "interactive", "answer": "x", "since": 0}}}
+    assert door_of(client) is door_of({}) is door_of(None) is door_of({"metadata": "x"}) is None
+
+
+class LitellmError(Exception):  # the attributes LiteLLM's errors carry that the plugin reads
+    def __init__(self, status_code: int | None, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status_code, self.message, self.litellm_response_headers = status_code, message, headers
+
+
+@pytest.mark.parametrize("reason", sorted(MESSAGES))
+def test_every_door_reason_is_a_refusal_and_its_retry_after_is_read(reason) -> None:
+    body = f"OpenAIException - Error code: 503 - {{'error': {{'message': '{MESSAGES[reason]}', 'code': 503}}}}"
+    assert door_refusal(LitellmError(503, body, {"Retry-After": "7"}))
+    assert retry_after(LitellmError(503, body, {"retry-after": "7"})) == "7"
+    assert retry_after(LitellmError(503, body)) is None
+
+
+def test_other_errors_are_not_door_refusals() -> None:
+    assert not door_refusal(LitellmError(503, "Error code: 503 - {'error': 'the server is shutting down'}"))
+    assert not door_refusal(LitellmError(None, "APIConnectionError: Connection refused"))
+    assert not door_refusal(LitellmError(500, MESSAGES["max_num_queued_reqs"]))
+
+
+def test_the_door_retries_are_counted_per_role_and_outcome_from_the_start() -> None:
+    registry = CollectorRegistry()
+    Router(routed_config(), registry=registry)
+    for role in ("main", "interactive", "long", "cold"):
+        for outcome in OUTCOMES:
+            labels = {"role": role, "outcome": outcome}
+            assert registry.get_sample_value("batchlens_routing_door_retries_total", labels) == 0
+
+
+def test_each_deployment_maps_to_its_engine_in_both_groups() -> None:
+    config = routed_config()
+    ids = {d["model_info"]["id"] for d in litellm_config(config)["model_list"]}
+    assert deployment_engines(config.routing.model, config.engines) == {i: i.rsplit("/", 1)[1] for i in ids}
 
 
 def test_build_writes_the_router_configs_and_check_keeps_them_fresh(tmp_path) -> None:

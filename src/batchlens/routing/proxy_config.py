@@ -16,6 +16,8 @@ answers, instead of failing it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from batchlens.config import Config, Engine
 from batchlens.routing.router import ENGINE_TAG
 
@@ -41,7 +43,7 @@ def litellm_config(config: Config) -> dict:
         raise ProxyConfigError("routing.model is not set: name the model clients ask for (vLLM's --served-model-name)")
     if not config.engines:
         raise ProxyConfigError("no engines in the config: list them, each with its role (docs/routing.md)")
-    fallback = f"{model}-fallback"
+    fallback = fallback_group(model)
     routed = [_deployment(model, model, e, [ENGINE_TAG + e.name, *(f"batchlens-role:{r}" for r in e.role)])
               for e in config.engines]  # fmt: skip
     spares = [_deployment(fallback, model, e, [FALLBACK_TAG]) for e in config.engines]
@@ -70,8 +72,21 @@ def litellm_config(config: Config) -> dict:
     }
 
 
+def fallback_group(model: str) -> str:
+    return f"{model}-fallback"
+
+
+def deployment_engines(model: str, engines: Iterable[Engine]) -> dict[str, str]:
+    """Each deployment's LiteLLM id (``model_info.id``, in both groups) to the name of the engine it sends to."""
+    return {_deployment_id(g, e): e.name for e in engines for g in (model, fallback_group(model))}
+
+
+def _deployment_id(group: str, engine: Engine) -> str:
+    return f"{group}/{engine.name}"
+
+
 def _deployment(group: str, served: str, engine: Engine, tags: list[str]) -> dict:
-    info: dict = {"id": f"{group}/{engine.name}", "batchlens_roles": list(engine.role)}
+    info: dict = {"id": _deployment_id(group, engine), "batchlens_roles": list(engine.role)}
     if engine.max_model_len is not None:
         info["max_input_tokens"] = engine.max_model_len
     return {

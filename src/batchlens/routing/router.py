@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from batchlens.config import ROLES, Config, Engine
 from batchlens.masking import mask_url
 from batchlens.routing.classify import Choice, Request, classify
+from batchlens.routing.door_retry import OUTCOMES
 from batchlens.routing.gaps import ArrivalGaps
 from batchlens.routing.pick import Route, pick
 from batchlens.routing.signals import EngineSignal, engine_signals
@@ -86,6 +87,13 @@ class RoutingMetrics:
             "because their key is not trusted (routing.trusted_keys, docs/routing.md), by claim.",
             ("claim",),
         )
+        self.door_retries = counter(
+            "batchlens_routing_door_retries",
+            "Requests an engine's admission door refused (HTTP 503), by the role the router chose and what came of "
+            "it: served or refused_again or failed on another engine of that role, or not retried for want of one "
+            "with room (no_engine_with_room) or of TTFT budget (past_budget); docs/routing.md.",
+            ("role", "outcome"),
+        )
         self.signals_up = Gauge(
             "batchlens_routing_signals_up",
             "1 when the last read of the exporter's signals succeeded.",
@@ -102,6 +110,8 @@ class RoutingMetrics:
             self.decisions.labels(role, "default" if role == "main" else _REASON[role], role, "")
             self.ttft.labels(role)
             self.failures.labels(role)
+            for outcome in OUTCOMES:
+                self.door_retries.labels(role, outcome)
 
 
 _REASON = {"long": "long_prompt", "interactive": "latency_header", "cold": "cold_gap"}
@@ -192,15 +202,23 @@ class Router:
         self.signals = SignalCache(self.rules.exporter_url, self.rules.signals_ttl_seconds,
                                    self.rules.signals_timeout_seconds, self.metrics)  # fmt: skip
         self._clock, self._wall = clock, wall
+        self.ttft_budget = config.slo.ttft_seconds  # a door's refusal is retried only within it (door_retry.py)
+
+    def clock(self) -> float:
+        """The router's clock (monotonic seconds): what a request's TTFT budget is counted on."""
+        return self._clock()
+
+    def states(self) -> dict[str, str]:
+        """Each engine's signal state now (ok, saturated, down, unknown), from the latest signals there are."""
+        now = self._wall()
+        return {name: s.state(now, self.rules) for name, s in self.signals.signals().items()}
 
     async def decide(self, tokens: int | None, latency_class: str | None, tags: tuple[str, ...]) -> Decision:
         gap = self.gaps.arrived(self._clock())
         threshold = self.gaps.threshold()
         self.metrics.cold_gap.set(math.nan if threshold is None else threshold)
         choice = classify(Request(tokens, latency_class, tags, gap), self.rules, threshold)
-        now = self._wall()
-        states = {name: s.state(now, self.rules) for name, s in self.signals.signals().items()}
-        route = pick(choice.role, self.roles, states, self.rules)
+        route = pick(choice.role, self.roles, self.states(), self.rules)
         self.metrics.decisions.labels(choice.role, choice.reason, route.role, route.fallback).inc()
         priority = self.rules.priority.get(choice.role)
         if not route.engines or not set(route.engines) <= self._priority_engines:
