@@ -147,10 +147,12 @@ def main() -> None:
     print(f"adaptive/best_static min {min(v['adaptive'] for v in ratios.values()):.2f}")
     non_steady = [v["adaptive+admit"] for (_, k), v in ratios.items() if k != "steady"]
     print(f"adaptive+admit/best_static min {min(non_steady):.2f} (non-steady)")
+    versus_admit = [v["adaptive+predict"] / v["adaptive+admit"] for v in ratios.values()]
+    print(f"adaptive+predict/adaptive+admit min {min(versus_admit):.3f}")
     print(f"false_sheds max {max(false_shares, default=0):.1%}")
 
 
-POLICIES = ("default", "breaker", "pid", "adaptive", "admit", "adaptive+admit")
+POLICIES = ("default", "breaker", "pid", "adaptive", "admit", "adaptive+admit", "adaptive+predict")
 
 
 def policy(name: str, slo: Slo = SLO, start: int | None = None):
@@ -188,21 +190,24 @@ def run_profile(profile: str, seconds: float, seed: int,
           "requests/s; shed: share of requests shed (false: share of the sheds that would have been good)"
           + ("" if start is None else f"; the controller starts at {start}"))  # fmt: skip
     print(f"{'workload':9} {'requests':>8} {'ceiling':>7} " + " ".join(f"{p:>8}" for p in ("default", "breaker", "pid",
-          "adaptive", "admit", "adp+adm")) + f" {'best static':>17} {'adapt/best':>10} {'admit/best':>10} "
-          f"{'adp+adm/best':>12} {'n':>5} {'n':>5} {'shed':>6} {'false':>6} {'wall s':>6}")  # fmt: skip
+          "adaptive", "admit", "adp+adm", "adp+prd")) + f" {'best static':>17} {'adapt/best':>10} {'admit/best':>10} "
+          f"{'adp+adm/best':>12} {'n':>5} {'n':>5} {'shed':>6} {'false':>6} {'adp+prd/best':>12} {'shed':>6} "
+          f"{'false':>6} {'wall s':>6}")  # fmt: skip
     for name, trace in workloads(seconds, seed, rate).items():
         started = time.perf_counter()
         runs, best = versus_best(trace, engine, POLICIES, slo, make_policy=lambda name, slo: policy(name, slo, start))
         best_rps = best.judgement.goodput_rps
         ratios[(profile, name)] = got = {p: ratio(r.judgement.goodput_rps, best_rps) for p, r in runs.items()}
-        both = runs["adaptive+admit"]
+        both, predicted = runs["adaptive+admit"], runs["adaptive+predict"]
         false_share = both.false_sheds / both.shed if both.shed else 0.0
+        predicted_false = predicted.false_sheds / predicted.shed if predicted.shed else 0.0
         false_shares += [r.false_sheds / r.shed for r in runs.values() if r.shed]
         print(f"{name:9} {len(trace):8d} {ceiling(trace):7.2f} "
               + " ".join(f"{r.judgement.goodput_rps:8.3f}" for r in runs.values())
               + f" {best.policy:>9} {best_rps:7.3f} {got['adaptive']:10.2f} {got['admit']:10.2f} "
               f"{got['adaptive+admit']:12.2f} {in_good(runs['adaptive'], best):5.2f} {in_good(both, best):5.2f} "
-              f"{both.shed / len(trace):6.1%} {false_share:6.1%} "
+              f"{both.shed / len(trace):6.1%} {false_share:6.1%} {got['adaptive+predict']:12.2f} "
+              f"{predicted.shed / len(trace):6.1%} {predicted_false:6.1%} "
               f"{time.perf_counter() - started:6.0f}")  # fmt: skip
     return ratios, false_shares
 

@@ -30,6 +30,8 @@ RETRY_AFTER_MAX_SECONDS = 60
 # A cap is at most this: past it no engine queues anything, and a bigger integer (JSON has no bound) overflows the
 # float arithmetic of the sheddable share on vLLM's serving path.
 MAX_QUEUED_CAP = 2**31 - 1
+#: The largest TTFT the per-request door takes (an hour: past it no request would ever be refused by it).
+MAX_PREDICTED_TTFT_SECONDS = 3600.0
 
 
 Model = TypeVar("Model", bound="BaseModel")
@@ -109,6 +111,11 @@ class AdmissionState(BaseModel):
     #: The prefill rate the caps rest on, as the controller measured it: a refusal's Retry-After is the backlog
     #: divided by it. None: not given (Retry-After 1).
     prefill_tokens_per_second: float | None = Field(None, gt=0)
+    #: The per-request door (docs/admission.md, "The per-request door"): a request whose predicted TTFT is past
+    #: this many seconds is refused (reason ``predicted_ttft``). None: no such door.
+    max_predicted_ttft_seconds: float | None = Field(None, gt=0)
+    #: The prefill rate the per-request door has learned from this API server's own requests; None: too few yet.
+    learned_prefill_tokens_per_second: float | None = Field(None, gt=0)
     #: The API server processes that share these caps and counts (``vllm serve --api-server-count``, by default
     #: the data-parallel size): the counts above are the whole server's, the caps hold in each.
     api_servers: int = Field(1, ge=1)
@@ -125,6 +132,7 @@ class AdmissionUpdate(BaseModel):
     max_num_queued_tokens: int | None = None
     max_num_queued_reqs: int | None = None
     prefill_tokens_per_second: float | None = None
+    max_predicted_ttft_seconds: float | None = None
 
 
 class CacheReset(BaseModel):
@@ -171,11 +179,11 @@ def parse_update(body: bytes, max_num_seqs: int) -> int:
     return value
 
 
-def parse_admission(body: bytes) -> dict[str, int | None]:
+def parse_admission(body: bytes) -> dict[str, int | float | None]:
     """The caps a PUT changes (field -> cap, None for no cap), or the contract's 400 saying what is wrong."""
     expected = (
         '{"max_num_queued_tokens": <integer or null>, "max_num_queued_reqs": <integer or null>, '
-        '"prefill_tokens_per_second": <number or null, optional>}'
+        '"prefill_tokens_per_second": <number or null, optional>, "max_predicted_ttft_seconds": <number or null>}'
     )
     update = _body(body, AdmissionUpdate, expected)
     changes = {name: getattr(update, name) for name in update.model_fields_set}
@@ -183,6 +191,13 @@ def parse_admission(body: bytes) -> dict[str, int | None]:
         if name == "prefill_tokens_per_second":
             if cap is not None and not 0 < cap < float("inf"):
                 raise AdminError(400, f"prefill_tokens_per_second must be above 0, or null, got {cap}")
+        elif name == "max_predicted_ttft_seconds":
+            if cap is not None and not 0 < cap <= MAX_PREDICTED_TTFT_SECONDS:
+                raise AdminError(
+                    400,
+                    f"max_predicted_ttft_seconds must be above 0 and at most "
+                    f"{MAX_PREDICTED_TTFT_SECONDS}, or null for no per-request door, got {cap}",
+                )
         elif cap is not None and cap < 1:
             raise AdminError(400, f"{name} must be 1 or more, or null for no cap (0 would refuse every request)")
         elif cap is not None and cap > MAX_QUEUED_CAP:

@@ -27,6 +27,13 @@ MESSAGES = {
     "max_num_queued_tokens": "The engine has reached its prefill token backlog limit. "
     "Please try again later or on a different instance.",
 }
+#: The plugin's per-request door (batchlens.predicted_ttft): its reason, in the same counter, and its 503's
+#: message, in the same words, so that a client or a router that retries vLLM's refusals retries this one too.
+PREDICTED_TTFT = "predicted_ttft"
+MESSAGES[PREDICTED_TTFT] = (
+    "The engine predicts this request would miss its time to first token. "
+    "Please try again later or on a different instance."
+)
 
 
 #: The request header that carries a request's door priority: an integer, higher is more important.

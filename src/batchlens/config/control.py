@@ -37,6 +37,15 @@ class Control(Section):
     admission_margin: float = Field(
         1.0, gt=0, le=2, description="a multiple of the cap the confidence gives: under 1 refuses sooner"
     )
+    admission_predict: bool = Field(
+        False, description="also refuse, request by request, what the plugin predicts would miss slo.ttft_seconds by "
+        "more than admission_predict_margin of it; the queued-token cap then stands behind it as a backstop, wider "
+        "(docs/admission.md, the per-request door; needs control.admission)",
+    )  # fmt: skip
+    admission_predict_margin: float = Field(
+        0.25, ge=0, le=10, description="a request is refused only where its predicted TTFT passes slo.ttft_seconds "
+        "by more than this share of it",
+    )  # fmt: skip
     admission_min_windows: int = Field(3, ge=1, description="saturated windows before a cap is set; fewer: no cap")
     admission_stale_seconds: float = Field(
         60.0, gt=0, description="a saturated window older than this no longer counts; none left: no cap"
@@ -51,6 +60,9 @@ class Control(Section):
         if start is not None and not self.min_limit <= start <= (self.max_limit or start):
             raise ValueError(f"control.start_limit {start} is outside control.min_limit {self.min_limit} .. "
                              f"max_limit {self.max_limit or 'the capacity'}")  # fmt: skip
+        if self.admission_predict and not self.admission:
+            raise ValueError("control.admission_predict needs control.admission: the per-request door stands in "
+                             "front of the queued-token cap, which the controller sets")  # fmt: skip
         # A window a tick: the door needs its min_windows within stale_seconds, or it never sets a cap at all.
         needed = (self.admission_min_windows - 1) * self.interval_seconds
         if self.admission and self.admission_stale_seconds < needed:

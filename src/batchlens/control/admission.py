@@ -29,13 +29,10 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from batchlens.admin_api import MAX_QUEUED_CAP
 from batchlens.control.signals import Window
-
-# Past this mean a Poisson's quantile is the normal one's to within a request (its skew, 1/sqrt(mean), is 3%).
-NORMAL_FROM = 1000.0
+from batchlens.quantiles import poisson_quantile
 
 
 @dataclass(frozen=True)
@@ -72,22 +69,6 @@ def saturated(window: Window, at: float) -> Saturated | None:
     if not math.isfinite(window.finished_per_second):  # a broken reading (read_sample refuses one live)
         return None
     return Saturated(at, window.prompt_tokens_per_second, window.finished_per_second)
-
-
-def poisson_quantile(mean: float, p: float) -> int:
-    """The smallest n with P(N <= n) >= p for N ~ Poisson(mean).
-
-    Each term in log space: e^-mean underflows to 0 past a mean of about 745 (a busy engine's finishes within a
-    TTFT), and a sum of zeros never reaches p."""
-    if mean > NORMAL_FROM:  # the sum below takes ~mean steps, on the hook's event loop
-        return math.ceil(mean + NormalDist().inv_cdf(p) * math.sqrt(mean))
-    n, log_term = 0, -mean
-    total = math.exp(log_term)
-    while total < p and n < 10 * mean + 100:  # the bound only guards a p of 1 against rounding
-        n += 1
-        log_term += math.log(mean / n)
-        total += math.exp(log_term)
-    return n
 
 
 #: Why the door's cap is what it is: no_signal is no saturated window yet (an engine idle since the hook started,

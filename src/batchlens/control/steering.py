@@ -28,6 +28,7 @@ from batchlens.control.door import DoorState
 from batchlens.control.law import Peak, State, Tuning, decide
 from batchlens.control.signals import Window
 from batchlens.goodput import Slo
+from batchlens.predicted_ttft import BACKSTOP
 
 #: Reasons a tick decides nothing of the law's own, as metric labels (besides the law's reasons).
 LIVE_REASONS = ("manual_hold", "breaker_open", "gpu_fault", "no_signal", "warming_up", "out_of_bounds")
@@ -111,9 +112,16 @@ def tuning(control: Control, capacity: int, door: bool = False) -> Tuning:
 
 
 def door_settings(control: Control, ttft_seconds: float) -> AdmissionSettings:
-    """The door's settings from the config's control: section, live and in a replay alike."""
-    return AdmissionSettings(ttft_seconds, control.admission_margin, control.admission_confidence,
+    """The door's settings from the config's control: section, live and in a replay alike: with the per-request
+    door in front, the cap is its backstop (predicted_ttft.BACKSTOP)."""
+    margin = control.admission_margin * (BACKSTOP if control.admission_predict else 1.0)
+    return AdmissionSettings(ttft_seconds, margin, control.admission_confidence,
                              control.admission_min_windows, control.admission_stale_seconds)  # fmt: skip
+
+
+def predicted_ttft_bound(control: Control, ttft_seconds: float) -> float | None:
+    """The TTFT past which the plugin's per-request door refuses a request; None: no such door."""
+    return ttft_seconds * (1 + control.admission_predict_margin) if control.admission_predict else None
 
 
 def bounds_said(control: Control, capacity: int) -> tuple[str, bool]:

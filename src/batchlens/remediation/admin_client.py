@@ -147,14 +147,19 @@ class DeploymentAdmin:
 
     async def set_admission(self, **caps: int | float | None) -> AdmissionState:
         n = len(self._clients)
-        share = {
-            name: None if cap is None else cap / n if name == "prefill_tokens_per_second" else math.ceil(cap / n)
-            for name, cap in caps.items()
-        }
+        share = {name: None if cap is None else _share(name, cap, n) for name, cap in caps.items()}
         return _one_door(await self._all(lambda c: c.set_admission(**share)))
 
     async def reset_prefix_cache(self) -> CacheReset:
         return CacheReset(reset=all(r.reset for r in await self._all(lambda c: c.reset_prefix_cache())))
+
+
+def _share(name: str, cap: int | float, n: int) -> int | float:
+    """One of ``n`` pods' share of a cap: the rate and the token cap are the engine's whole, divided; the per-request
+    door's TTFT is each request's own, the same on every pod."""
+    if name == "max_predicted_ttft_seconds":
+        return cap
+    return cap / n if name == "prefill_tokens_per_second" else math.ceil(cap / n)
 
 
 def _one_state(states: Sequence[BatchState]) -> BatchState:
@@ -179,6 +184,11 @@ def _one_door(doors: Sequence[AdmissionState]) -> AdmissionState:
         num_queued_tokens=sum(d.num_queued_tokens for d in doors),
         num_unfinished_reqs=sum(d.num_unfinished_reqs for d in doors),
         prefill_tokens_per_second=total("prefill_tokens_per_second"),
+        # Each request's own bound, the same on every pod that has it; one that differs reads as none in force.
+        max_predicted_ttft_seconds=bounds.pop()
+        if len(bounds := {d.max_predicted_ttft_seconds for d in doors}) == 1
+        else None,
+        learned_prefill_tokens_per_second=total("learned_prefill_tokens_per_second"),
         api_servers=sum(d.api_servers for d in doors),
         api_servers_behind=[offset + i for offset, d in zip(offsets, doors, strict=True) for i in d.api_servers_behind],
     )

@@ -27,7 +27,15 @@ from batchlens.control.admission import CapDecision, Saturated, saturated, worth
 from batchlens.control.door import UNSET, DoorState, admit
 from batchlens.control.law import one_slot
 from batchlens.control.signals import EngineSample, NotFinite, Window, read_sample, window
-from batchlens.control.steering import MODEL_SAVE_SECONDS, Steering, Tick, bounds_said, door_settings, steer
+from batchlens.control.steering import (
+    MODEL_SAVE_SECONDS,
+    Steering,
+    Tick,
+    bounds_said,
+    door_settings,
+    predicted_ttft_bound,
+    steer,
+)
 from batchlens.exporter.http_get import HttpGetter
 from batchlens.exporter.parser import ExpositionReader, ParseError
 from batchlens.exporter.sampler import SourceError
@@ -147,6 +155,7 @@ class Controller:
         self.gpu_faults: dict[str, str] = {}
         self._on_decided = on_decided
         self._admission = door_settings(config.control, config.slo.ttft_seconds) if config.control.admission else None
+        self._predicted_bound = predicted_ttft_bound(config.control, config.slo.ttft_seconds)
 
     def wanted(self, name: str, breaker: EngineState, now: float) -> int | None:
         """The limit the hook should have in force: the controller's, or the smaller one while the breaker is open
@@ -313,6 +322,8 @@ class Controller:
             self._admission_failed(name, f"cannot read its queued-token cap: {exc}")
             return
         in_force = admission.max_num_queued_tokens
+        if not await self._predicting(name, admission.max_predicted_ttft_seconds):
+            return
         if admission.api_servers_behind != engine.behind_said:
             engine.behind_said = admission.api_servers_behind
             if admission.api_servers_behind:
@@ -359,6 +370,21 @@ class Controller:
         log.info("%s: queued-token cap %s -> %s (%s; %s)", name, _cap(in_force), _cap(decision.cap), decision.reason,
                  why)  # fmt: skip
         self._door(name, self.states[name].door.landed(decision.cap))
+
+    async def _predicting(self, name: str, in_force: float | None) -> bool:
+        """The per-request door's bound in force on the engine, where control.admission_predict wants one (a restarted
+        engine has none): False where setting it failed (counted and logged as the cap's failures are)."""
+        wanted = self._predicted_bound
+        if wanted is None or self.door_dry_run or (in_force is not None and abs(in_force - wanted) < 1e-3):
+            return True
+        try:
+            await self._admins[name].set_admission(max_predicted_ttft_seconds=wanted)
+        except AdminCallError as exc:
+            self._admission_failed(name, f"cannot set its per-request door: {exc}")
+            return False
+        log.info("%s: per-request door on: a request predicted to take over %g s to its first token is refused "
+                 "(was %s)", name, wanted, "off" if in_force is None else f"{in_force:g} s")  # fmt: skip
+        return True
 
     def _door(self, name: str, door: DoorState) -> None:
         """Keep what the engine's Steering knows of its door (the cap, and a hand's hold on it)."""

@@ -24,6 +24,7 @@ from batchlens.control.signals import EngineSample, read_sample, window
 from batchlens.control.steering import tuning as tuning_of
 from batchlens.exporter.parser import ExpositionReader
 from batchlens.goodput import Slo
+from batchlens.predicted_ttft import Backlog, Rates, predict, refuses
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,43 @@ class Admitting:
         for reason, count in getattr(self.limits, "decisions", {}).items():
             self.decisions[reason] = count
         return limit
+
+
+class Predicting:
+    """An admitting policy with the plugin's per-request door in front of its cap (predicted_ttft.py):
+    a request predicted to miss its TTFT by more than ``margin`` of it is shed; the cap stays the backstop (its
+    settings say how wide: control/steering.door_settings).
+
+    The replay feeds :attr:`rates` what the API server would see of each step (first tokens, finishes) and asks
+    :meth:`refuses` at each arrival that the cap let in."""
+
+    wants_metrics = True
+
+    def __init__(self, slo: Slo, admitting: Admitting, margin: float):
+        self.slo, self.admitting, self.margin = slo, admitting, margin
+        self.name = admitting.name.replace("admit", "predict")
+        self.tick_seconds = admitting.tick_seconds
+        self.rates = Rates()
+
+    @property
+    def queued_token_cap(self) -> int | None:
+        return self.admitting.queued_token_cap
+
+    @property
+    def decisions(self) -> dict[str, int]:
+        return self.admitting.decisions
+
+    def initial(self, capacity: int) -> int:
+        self.rates = Rates()
+        return self.admitting.initial(capacity)
+
+    def decide(self, signals: Signals) -> int:
+        return self.admitting.decide(signals)
+
+    def refuses(self, prompt_tokens: int, backlog: Backlog, limit: int, waited: float = 0.0) -> bool:
+        """``waited``: how long the request has waited already (the replay takes arrivals in at step ends)."""
+        prediction = predict(backlog, prompt_tokens, self.rates, limit)
+        return refuses(prediction, self.slo.ttft_seconds * (1 + self.margin) - waited)
 
 
 def oracle_limits(capacity: int) -> list[int]:

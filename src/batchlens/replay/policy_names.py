@@ -8,9 +8,19 @@ from batchlens.control.pid import Gains
 from batchlens.control.steering import door_settings
 from batchlens.goodput import Slo
 from batchlens.replay.breaker_policy import BreakerPolicy
-from batchlens.replay.policies import Adaptive, Admitting, Policy, Static
+from batchlens.replay.policies import Adaptive, Admitting, Policy, Predicting, Static
 
-POLICIES = ("default", "static:N", "breaker", "adaptive", "pid", "admit", "adaptive+admit")
+POLICIES = (
+    "default",
+    "static:N",
+    "breaker",
+    "adaptive",
+    "pid",
+    "admit",
+    "adaptive+admit",
+    "predict",
+    "adaptive+predict",
+)
 
 
 def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None, control: Control | None = None) -> Policy:
@@ -24,6 +34,11 @@ def parse_policy(text: str, slo: Slo, thresholds: Thresholds | None = None, cont
         return Admitting(slo, Static(), door, tick)
     if name == "adaptive+admit" and not arg:
         return Admitting(slo, Adaptive(slo, tick_seconds=tick, control=control), door)
+    if name in ("predict", "adaptive+predict") and not arg:  # the config's control:, with the per-request door on
+        predicting = (control or Control()).model_copy(update={"admission": True, "admission_predict": True})
+        limits = Adaptive(slo, tick_seconds=tick, control=control) if name.startswith("adaptive") else Static()
+        admitting = Admitting(slo, limits, door_settings(predicting, slo.ttft_seconds), tick)
+        return Predicting(slo, admitting, predicting.admission_predict_margin)
     if name == "adaptive" and not arg:
         return Adaptive(slo, tick_seconds=tick, control=control)
     if name == "pid" and not arg:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from batchlens.admin_api import AdmissionState
 from batchlens.control.signals import SAMPLES_READ
 from batchlens.goodput import Judgement, Outcome, Slo, judge
-from batchlens.queued_caps import refusal
+from batchlens.predicted_ttft import Backlog
+from batchlens.queued_caps import PREDICTED_TTFT, refusal
 from batchlens.replay.policies import Policy, Signals, Static, oracle_limits
 from batchlens.replay.traces import TraceRequest
 from batchlens.simulator.engine import Engine, SimRequest
@@ -91,6 +92,8 @@ class Replica:
         self.tick = policy.tick_seconds if self.steers else tick
         self.sample = ShedSample() if false_sheds else None
         self.bad = 0  # requests already sure not to be good: refused, shed, or finished outside the SLO
+        self.predicts = getattr(policy, "rates", None) is not None  # a per-request door (Predicting) in front
+        self.in_prefill = [0, 0]  # prompt tokens and requests admitted without their first token: in prefill
         # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
         # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
         self.now, self.next_tick = 0.0, 0.0 if self.steers else self.tick
@@ -104,6 +107,9 @@ class Replica:
         still to come to this engine, for a shed's counterfactual run."""
         engine, run = self.engine, self.run
         request.finish_reason = turned_away(engine, request, cap := cap_of(self.policy), self.max_model_len)
+        reason = SHED_REASON
+        if request.finish_reason is None and self.predicts and self.predicted_miss(request):
+            request.finish_reason, reason = "shed", PREDICTED_TTFT
         if request.finish_reason == "refused":
             run.refused += 1
             self.bad += 1
@@ -111,12 +117,21 @@ class Replica:
             run.shed += 1
             self.bad += 1
             if self.metrics is not None:  # counted as vLLM counts it: what the policy reads next tick, as live
-                self.metrics.admission_rejections[SHED_REASON].inc()
+                self.metrics.admission_rejections[reason].inc()
             if self.sample is not None and self.sample.takes(run.shed):
                 good = would_have_been_good(engine, request, later(), self.now, cap, self.slo, self.max_model_len)
                 self.sample.add(run.shed, good)
         else:
             engine.add(request)
+            self.in_prefill[0] += request.prompt_tokens
+            self.in_prefill[1] += 1
+
+    def predicted_miss(self, request: SimRequest) -> bool:
+        """The per-request door's verdict, from what the API server has: each unfinished request's arrival, prompt
+        and whether its first token came, and the rates learned from what it saw of the steps."""
+        engine, policy = self.engine, self.policy
+        backlog = Backlog.of((r.prompt_tokens, r.first_token_at is None) for r in (*engine.running, *engine.waiting))
+        return policy.refuses(request.prompt_tokens, backlog, engine.max_num_active_seqs, self.now - request.arrival)
 
     def advance(self, until: float) -> None:
         """Step the engine until its clock reaches ``until`` (a step may end past it) or it has nothing to do;
@@ -129,9 +144,25 @@ class Replica:
     def step(self) -> None:
         """One scheduler iteration, and the policy's decision where a tick falls due."""
         engine, policy = self.engine, self.policy
+        limit, prefilling = engine.max_num_active_seqs, self.in_prefill[1]
+        busy, full = prefilling > 0 and engine.unfinished - prefilling < limit, engine.unfinished >= limit
         step = engine.step(self.now)
         self.now += step.duration
         now = self.now
+        if self.predicts:  # what the API server sees of this step: first tokens and finishes
+            first = [r.prompt_tokens for r in step.produced if r.generated == 1]
+            self.in_prefill[0] -= sum(first)
+            self.in_prefill[1] -= len(first)
+            policy.rates.observe(
+                now,
+                step.duration,
+                busy=busy,
+                full=full,
+                prefilled_tokens=sum(first),
+                prefills=len(first),
+                finishes=len(step.finished),
+                in_prefill=tuple(self.in_prefill),
+            )
         self.bad += sum(not outcome(r).good(self.slo) for r in step.finished)
         if self.metrics is not None:
             self.metrics.observe_step(step)

@@ -25,10 +25,16 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
+from batchlens.prompt_size import prompt_tokens
 from batchlens.queued_caps import PRIORITY_HEADER, cap_refusal, door_priority, priority_class, refusal_body
 
 _metrics: ArrivalMetrics | None = None
 _PRIORITY_KEY = PRIORITY_HEADER.encode()  # as ASGI gives header names: bytes, once, not on every request
+#: The header an admitted request's answer carries its predicted TTFT in (seconds), where the per-request door
+#: predicted one: a client or a benchmark compares it with the TTFT it got (docs/admission.md).
+PREDICTED_TTFT_HEADER = b"x-batchlens-predicted-ttft"
+#: A body past this size is not read for the per-request door: it goes on unjudged (vLLM answers what it says).
+MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
 
 
 def metrics() -> ArrivalMetrics:
@@ -42,6 +48,8 @@ def metrics() -> ArrivalMetrics:
 class Door(Protocol):
     def refusal(self, priority: int) -> str | None: ...  # a reason of queued_caps.MESSAGES to refuse one now
     def retry_after(self) -> int: ...
+    def predicts(self) -> bool: ...  # whether the per-request door wants each request's prompt
+    def predicted(self, prompt_tokens: int | None) -> tuple[str | None, float | None]: ...  # (reason, TTFT)
 
 
 class ArrivalMiddleware:
@@ -58,7 +66,12 @@ class ArrivalMiddleware:
         door_class = priority_class(priority)
         self.arrivals.arrived(time.monotonic(), door_class)
         door = self.door()
-        if (reason := door.refusal(priority)) is not None:
+        predicted = None
+        if (reason := door.refusal(priority)) is None and door.predicts():
+            held, body = await read_body(receive)
+            receive = replay(held, receive)
+            reason, predicted = door.predicted(None if body is None else prompt_tokens(body))
+        if reason is not None:
             self.arrivals.refused(door_class)
             await refuse(send, reason, door.retry_after())
             return
@@ -69,6 +82,9 @@ class ArrivalMiddleware:
             if message["type"] == "http.response.start" and message.get("status") == 200:
                 content_type = dict(message.get("headers") or ()).get(b"content-type", b"")
                 self.arrivals.answered(content_type.startswith(b"text/event-stream"))
+                if predicted is not None:
+                    said = (PREDICTED_TTFT_HEADER, f"{predicted:.3f}".encode())
+                    message = {**message, "headers": [*(message.get("headers") or ()), said]}
             elif message["type"] == "http.response.start" and message.get("status") == 503:
                 held.append(message)
                 return
@@ -82,6 +98,32 @@ class ArrivalMiddleware:
             await send(message)
 
         await self.app(scope, receive, watch)
+
+
+async def read_body(receive: Any) -> tuple[list[dict], bytes | None]:
+    """The request's messages as read, and its body; None past MAX_JUDGED_BODY_BYTES or a client gone (the rest is
+    then not read here: vLLM reads it, after the messages held)."""
+    held, chunks, size = [], [], 0
+    while True:
+        message = await receive()
+        held.append(message)
+        if message["type"] != "http.request":
+            return held, None
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > MAX_JUDGED_BODY_BYTES:
+            return held, None
+        if not message.get("more_body"):
+            return held, b"".join(chunks)
+
+
+def replay(held: list[dict], receive: Any) -> Any:
+    """A receive that gives vLLM the messages read for the door first, then the rest as they come."""
+
+    async def again() -> dict:
+        return held.pop(0) if held else await receive()
+
+    return again
 
 
 async def refuse(send: Any, reason: str, retry_after: int) -> None:

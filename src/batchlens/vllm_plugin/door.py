@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import REGISTRY, Counter
 
-from batchlens.queued_caps import MESSAGES
+from batchlens.queued_caps import MESSAGES, PREDICTED_TTFT
 
 _rejections: Counter | None = None
 
@@ -36,6 +36,21 @@ def rejections() -> Counter:
             ("model_name", "reason"),
         )
     return _rejections
+
+
+def predicted_rejections(engine_client: Any) -> Any:
+    """The per-request door's refusals, in ``vllm:admission_rejections_total{reason="predicted_ttft"}``: vLLM's own
+    counter where vLLM registered it in this process (0.29 and later), the plugin door's else, so that one series
+    counts every refusal of the door on every release."""
+    counter = getattr(REGISTRY, "_names_to_collectors", {}).get("vllm:admission_rejections") or rejections()
+    return counter.labels(served_model_name(engine_client), PREDICTED_TTFT)
+
+
+def request_states(engine_client: Any) -> dict[str, tuple[int, bool]]:
+    """Each unfinished request's (prompt tokens, still in prefill), from the API server's output processor: what
+    the per-request door learns from and judges by. Read between two awaits: its writer is on this loop."""
+    states = engine_client.output_processor.request_states
+    return {rid: (s.prompt_len or 0, bool(s.is_prefilling)) for rid, s in list(states.items())}
 
 
 def served_model_name(engine_client: Any) -> str:

@@ -41,12 +41,13 @@ from batchlens.admin_api import (
     retry_after,
 )
 from batchlens.admin_auth import AdminAuth, PodIdentity, own_pod, refuse_encoded
-from batchlens.queued_caps import plugin_refusal
+from batchlens.predicted_ttft import Watch, predict, refuses
+from batchlens.queued_caps import PREDICTED_TTFT, plugin_refusal
 from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
 from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import PLUGIN_DOOR, VLLM_DOOR, Support, check_installed_vllm
-from batchlens.vllm_plugin.door import PluginDoor, VllmDoor
+from batchlens.vllm_plugin.door import PluginDoor, VllmDoor, predicted_rejections, request_states
 from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
 from batchlens.vllm_plugin.siblings import Caps, SiblingTable, open_table, private_table
 
@@ -80,6 +81,11 @@ class AdminService:
         doors = {VLLM_DOOR: VllmDoor, PLUGIN_DOOR: PluginDoor}
         self._door = doors[support.door](engine_client) if engine_client is not None and support.door else None
         self._applied = 0  # the generation of the shared caps this process has in force
+        # The per-request door (predicted_ttft.py): its bound, shared like the caps, and what it learns.
+        self._predicted_ttft: float | None = None
+        self._watch = Watch()
+        self._slots: int | None = None  # this process's share of the batch slots, once a batch read says them
+        self._predicted_refusals = predicted_rejections(engine_client) if self._door is not None else None
         if self._door is not None and self.siblings.count > 1:
             self._door.count_server_wide(lambda: self.siblings.totals(*self._door.counts(), time.monotonic_ns()))
 
@@ -93,20 +99,24 @@ class AdminService:
             door.caps.max_num_queued_tokens = caps.max_num_queued_tokens
             door.caps.max_num_queued_reqs = caps.max_num_queued_reqs
             self._prefill_rate = caps.prefill_tokens_per_second
+            self._predicted_ttft = caps.max_predicted_ttft_seconds
             self._applied = caps.generation
 
     def sync(self) -> None:
-        """One tick: the shared caps in force here, and this process's counts published to its siblings."""
+        """One tick: the shared caps in force here, this process's counts published to its siblings, and what the
+        per-request door learns from its requests' states."""
         self.apply_shared_caps()
         if (door := self._door) is not None:
-            self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
+            self._watch.sample(time.monotonic(), request_states(self._client), self._slots)
+            if self.siblings.count > 1:
+                self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
 
     def start(self) -> asyncio.Task | None:
-        """Where there are siblings to keep in step with: the arrivals' gaps measured over all of them, and the
-        tick, as a task of vLLM's running loop (held by the caller, so that the loop does not drop it)."""
-        if self.siblings.count == 1:
-            return None
-        arrival_metrics().share_last_arrival(self.siblings.swap_last_arrival)
+        """The tick, as a task of vLLM's running loop (held by the caller, so that the loop does not drop it):
+        the per-request door's sampler, and where there are siblings to keep in step with, the caps and counts
+        they share, and the arrivals' gaps measured over all of them."""
+        if self.siblings.count > 1:
+            arrival_metrics().share_last_arrival(self.siblings.swap_last_arrival)
         if self._door is None:
             return None
 
@@ -115,14 +125,15 @@ class AdminService:
                 try:
                     self.sync()
                 except Exception:  # the counts read vLLM's internals: one bad tick must not end the others
-                    log.exception("batchlens: could not share this API server's door state with its siblings")
+                    log.exception("batchlens: could not sample or share this API server's door state")
                 await asyncio.sleep(SIBLING_TICK_SECONDS)
 
-        log.info(
-            "batchlens: API server %d of %d: the queued caps and counts are shared with its siblings (%s)",
-            self.siblings.index, self.siblings.count, self.siblings.where,
-        )  # fmt: skip
-        return asyncio.get_running_loop().create_task(tick(), name="batchlens-siblings")
+        if self.siblings.count > 1:
+            log.info(
+                "batchlens: API server %d of %d: the queued caps and counts are shared with its siblings (%s)",
+                self.siblings.index, self.siblings.count, self.siblings.where,
+            )  # fmt: skip
+        return asyncio.get_running_loop().create_task(tick(), name="batchlens-door")
 
     async def _all(self, method: str, *args: Any) -> list[Any]:
         """Call a batchlens utility method on every engine core; one result each."""
@@ -145,13 +156,18 @@ class AdminService:
             ) from None
 
     async def batch(self) -> BatchState:
-        return combine(await self._all(BATCH_UTILITY))
+        return self._seen(combine(await self._all(BATCH_UTILITY)))
+
+    def _seen(self, state: BatchState) -> BatchState:
+        """The slots the per-request door counts against: the server's, this process's share of them."""
+        self._slots = max(1, state.max_num_active_seqs * len(state.engines) // self.siblings.count)
+        return state
 
     async def set_batch(self, body: bytes, client: str) -> BatchState:
         async with self._lock, self.siblings.exclusive():
             before = combine(await self._all(BATCH_UTILITY))
             limit = parse_update(body, before.max_num_seqs)
-            after = combine(await self._all(BATCH_UTILITY, limit))
+            after = self._seen(combine(await self._all(BATCH_UTILITY, limit)))
         log.info(
             "batchlens: max_num_active_seqs %d -> %d on %d engine(s), requested by %s",
             before.max_num_active_seqs, after.max_num_active_seqs, len(after.engines), client,
@@ -175,6 +191,8 @@ class AdminService:
             num_queued_tokens=queued_tokens,
             num_unfinished_reqs=unfinished,
             prefill_tokens_per_second=self._prefill_rate,
+            max_predicted_ttft_seconds=self._predicted_ttft,
+            learned_prefill_tokens_per_second=self._watch.rates.prefill_tokens_per_second,
             api_servers=self.siblings.count,
             api_servers_behind=self._behind(now),
         )
@@ -206,6 +224,30 @@ class AdminService:
             door.rejections[reason].inc()
         return reason
 
+    def predicts(self) -> bool:
+        """Whether the per-request door is on: then the middleware reads each request's prompt for it."""
+        self.apply_shared_caps()
+        return self._door is not None and self._predicted_ttft is not None
+
+    def predicted(self, prompt_tokens: int | None) -> tuple[str | None, float | None]:
+        """The per-request door's verdict on a request of ``prompt_tokens`` arriving now: (PREDICTED_TTFT to refuse
+        it, else None; its predicted TTFT, None where the door cannot say yet). Every class alike: it refuses only
+        what it predicts would miss, a critical request too. With several API servers each one predicts from its
+        own requests, the rates it saw them served at and its share of the slots: the shares cancel."""
+        budget = self._predicted_ttft
+        if self._door is None or budget is None or prompt_tokens is None:
+            return None, None
+        backlog = self._watch.sample(time.monotonic(), request_states(self._client), self._slots)
+        prediction = predict(backlog, prompt_tokens, self._watch.rates, self._slots)
+        if not refuses(prediction, budget):
+            return None, None if prediction is None else prediction.ttft_seconds
+        self._predicted_refusals.inc()
+        return PREDICTED_TTFT, prediction.ttft_seconds
+
+    def _bound(self, name: str) -> int | float | None:
+        """A cap in force here, or the per-request door's bound, by its name in the admission route."""
+        return self._predicted_ttft if name == "max_predicted_ttft_seconds" else getattr(self._door.caps, name)
+
     async def admission(self) -> AdmissionState:
         return self._admission(self._open_door())
 
@@ -217,11 +259,12 @@ class AdminService:
         changes = parse_admission(body)
         async with self._lock, self.siblings.exclusive():
             self.apply_shared_caps()  # what a sibling set last is what this change starts from
-            before = {name: getattr(door.caps, name) for name in changes if name != "prefill_tokens_per_second"}
-            current = Caps(0, door.caps.max_num_queued_tokens, door.caps.max_num_queued_reqs, self._prefill_rate)
+            before = {name: self._bound(name) for name in changes if name != "prefill_tokens_per_second"}
+            current = Caps(0, door.caps.max_num_queued_tokens, door.caps.max_num_queued_reqs, self._prefill_rate,
+                           self._predicted_ttft)  # fmt: skip
             self.siblings.set_caps(changes, current)
             self.sync()
-        said = ", ".join(f"{name} {cap} -> {getattr(door.caps, name)}" for name, cap in before.items())
+        said = ", ".join(f"{name} {cap} -> {self._bound(name)}" for name, cap in before.items())
         log.info("batchlens: admission %s on %d API server(s), requested by %s", said, self.siblings.count, client)
         deadline = time.monotonic() + SIBLING_WAIT_SECONDS
         while self._behind(time.monotonic_ns()) and time.monotonic() < deadline:
@@ -320,6 +363,12 @@ class NoDoor:
 
     def refusal(self, priority: int) -> None:
         return None
+
+    def predicts(self) -> bool:
+        return False
+
+    def predicted(self, prompt_tokens: int | None) -> tuple[None, None]:
+        return None, None
 
     def retry_after(self) -> int:
         return 1

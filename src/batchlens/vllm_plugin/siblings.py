@@ -45,7 +45,7 @@ from pathlib import Path
 SLOT = 8  # int64 values per slot: 64 bytes, one cache line, so one process's writes never touch another's line
 MAGIC = 0x626C656E73  # "blens": a table this module wrote
 # The header slot (0) and each process's slot (1 + index), by position.
-_MAGIC, _GENERATION, _TOKENS, _REQS, _RATE, _LAST_ARRIVAL = range(6)
+_MAGIC, _GENERATION, _TOKENS, _REQS, _RATE, _LAST_ARRIVAL, _PREDICTED_TTFT = range(7)
 _PID, _QUEUED_TOKENS, _UNFINISHED, _APPLIED, _BEAT = range(5)
 #: A sibling whose last tick is older than this is counted as gone: its counts no longer add to the totals.
 STALE_NS = 5_000_000_000
@@ -64,6 +64,11 @@ class Caps:
     max_num_queued_tokens: int | None
     max_num_queued_reqs: int | None
     prefill_tokens_per_second: float | None
+    max_predicted_ttft_seconds: float | None = None
+
+
+def _millis(value: float | None) -> int:
+    return 0 if value is None else max(1, round(value * 1000))  # 0 is "none"; a value is kept to a thousandth
 
 
 def _stored(value: int | None) -> int:
@@ -109,8 +114,10 @@ class SiblingTable:
         while True:
             generation = self.values[_GENERATION]
             tokens, reqs, rate = self.values[_TOKENS], self.values[_REQS], self.values[_RATE]
+            predicted = self.values[_PREDICTED_TTFT]
             if generation % 2 == 0 and self.values[_GENERATION] == generation:
-                return Caps(generation // 2, _read(tokens), _read(reqs), rate / 1000 if rate else None)
+                return Caps(generation // 2, _read(tokens), _read(reqs), rate / 1000 if rate else None,
+                            predicted / 1000 if predicted else None)  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -132,13 +139,14 @@ class SiblingTable:
             "max_num_queued_tokens": base.max_num_queued_tokens,
             "max_num_queued_reqs": base.max_num_queued_reqs,
             "prefill_tokens_per_second": base.prefill_tokens_per_second,
+            "max_predicted_ttft_seconds": base.max_predicted_ttft_seconds,
             **changes,
         }
-        rate = merged["prefill_tokens_per_second"]
         self.values[_GENERATION] += 1  # odd: a reader waits
         self.values[_TOKENS] = _stored(merged["max_num_queued_tokens"])
         self.values[_REQS] = _stored(merged["max_num_queued_reqs"])
-        self.values[_RATE] = 0 if rate is None else max(1, round(rate * 1000))
+        self.values[_RATE] = _millis(merged["prefill_tokens_per_second"])
+        self.values[_PREDICTED_TTFT] = _millis(merged["max_predicted_ttft_seconds"])
         self.values[_GENERATION] += 1
         return self.caps()
 
