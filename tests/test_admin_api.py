@@ -71,6 +71,8 @@ def test_data_parallel_engines_combine_into_one_state() -> None:
             b'{"max_num_queued_tokens": 1, "max_num_queued_reqs": 2}',
             {"max_num_queued_tokens": 1, "max_num_queued_reqs": 2},
         ),
+        (b'{"max_predicted_ttft_seconds": 2.5}', {"max_predicted_ttft_seconds": 2.5}),  # the per-request door alone
+        (b'{"max_predicted_ttft_seconds": null}', {"max_predicted_ttft_seconds": None}),
     ],
 )
 def test_an_admission_put_names_the_caps_it_changes(body, changes) -> None:
@@ -91,6 +93,9 @@ def test_an_admission_put_names_the_caps_it_changes(body, changes) -> None:
         (b"[" * 2000, "not JSON"),
         (b'{"prefill_tokens_per_second": 0}', "above 0"),
         (b'{"prefill_tokens_per_second": NaN}', "above 0"),
+        (b'{"max_predicted_ttft_seconds": 0}', "above 0 and at most 3600"),
+        (b'{"max_predicted_ttft_seconds": 3601}', "above 0 and at most 3600"),
+        (b'{"max_predicted_ttft_seconds": "2"}', "valid number"),
     ],
 )
 def test_a_bad_admission_put_is_a_400_that_says_why(body, says) -> None:

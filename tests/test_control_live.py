@@ -625,3 +625,39 @@ def test_the_hook_says_once_which_api_servers_lack_the_caps_and_a_deployment_num
                       door.model_copy(update={"max_num_queued_tokens": 700, "api_servers_behind": [0]})])  # fmt: skip
     assert (both.max_num_queued_tokens, both.num_queued_tokens, both.api_servers) == (1200, 20, 8)
     assert both.api_servers_behind == [3, 4]
+
+
+def test_with_admission_predict_the_controller_puts_the_per_request_door_in_front_of_a_wider_cap(
+    tmp_path, caplog
+) -> None:
+    # The simulator's admission route over real HTTP; the door's saturated windows are given, as above.
+    sim = SimulatorProcess(tmp_path)
+    engine = EngineAdmin(sim.url, sim.token)
+    caps = {}
+    for predict in (False, True):
+        control = {"enabled": True, "admission": True, "admission_predict": predict}
+        config = Config.model_validate({"engines": [{"name": "sim", "url": sim.url}], "control": control,
+                                        "slo": {"ttft_seconds": 2.0}})  # fmt: skip
+        c = Controller(config, Store(tmp_path / f"hook-{predict}.db"), admins={}, clock=lambda: 0)
+        c._engines["sim"].saturated.extend(Saturated(at, 2000.0, 8.0) for at in (996.0, 998.0, 1000.0))
+
+        async def door_ticks(c=c) -> None:
+            async with aiohttp.ClientSession() as session:
+                c._admins = {"sim": AdminClient(session, sim.url, sim.token)}
+                await c._admit("sim", None, 1000.0)
+                await c._admit("sim", None, 1001.0)
+            await c._http.aclose()
+
+        try:
+            with caplog.at_level(logging.INFO, "batchlens.control"):
+                asyncio.run(door_ticks())
+            caps[predict] = engine.request("GET", "/batchlens/v1/admission")[1]
+        finally:
+            if predict:
+                sim.stop()
+    assert caps[False]["max_predicted_ttft_seconds"] is None
+    assert caps[True]["max_predicted_ttft_seconds"] == 2.5  # slo.ttft_seconds x (1 + admission_predict_margin)
+    assert caps[True]["max_num_queued_tokens"] == pytest.approx(1.5 * caps[False]["max_num_queued_tokens"], rel=0.01)
+    assert caplog.text.count("per-request door on") == 1  # set once, not every tick
+    with pytest.raises(ValueError, match=r"admission_predict needs control\.admission"):
+        Config.model_validate({"control": {"enabled": True, "admission_predict": True}})

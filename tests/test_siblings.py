@@ -47,6 +47,10 @@ def test_a_cap_set_through_one_sibling_is_what_every_sibling_reads() -> None:
     assert first.caps() == Caps(2, None, 2, 812.5)  # once written, the table's caps are the base, not the writer's
     first.set_caps({"max_num_queued_reqs": 0}, NONE)
     assert second.caps().max_num_queued_reqs == 0  # 0 is a cap (vLLM's "refuse all"), not "none"
+    second.set_caps({"max_predicted_ttft_seconds": 0.625}, NONE)  # the per-request door's bound, shared alike
+    assert first.caps() == Caps(4, None, 0, 812.5, 0.625)
+    first.set_caps({"max_predicted_ttft_seconds": None}, NONE)
+    assert second.caps().max_predicted_ttft_seconds is None
 
 
 def test_the_totals_are_this_process_live_and_the_others_published_while_they_tick() -> None:

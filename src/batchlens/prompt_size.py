@@ -24,7 +24,7 @@ def _text_tokens(text: str) -> int:
 def _prompt(prompt: Any) -> int | None:
     if isinstance(prompt, str):
         return _text_tokens(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return len(prompt)
     if isinstance(prompt, list) and prompt:  # a batch of prompts: one request to the door, all its prefill
         counts = [_prompt(p) for p in prompt]

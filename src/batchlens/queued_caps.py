@@ -36,6 +36,9 @@ MESSAGES[PREDICTED_TTFT] = (
 )
 
 
+#: The header an admitted request's answer carries its predicted TTFT in (seconds), where the per-request door
+#: predicted one: a client or a benchmark compares it with the TTFT it got (docs/admission.md).
+PREDICTED_TTFT_HEADER = "x-batchlens-predicted-ttft"
 #: The request header that carries a request's door priority: an integer, higher is more important.
 PRIORITY_HEADER = "x-batchlens-priority"
 #: The share of a cap at which the door starts refusing sheddable requests.

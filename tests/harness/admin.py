@@ -173,7 +173,8 @@ def check_admission_contract(admin: AdminClient, door: str = "vllm") -> None:
     bad = [b'{"max_num_queued_reqs": 0}', b'{"max_num_queued_tokens": -1}', b'{"max_num_queued_tokens": 2.5}',
            b'{"max_num_queued_reqs": "4"}', b'{"max_num_queued_reqs": true}', b"{}", b'{"max_num_seqs": 4}',
            b"not json", b"[[" * 2000, b'{"prefill_tokens_per_second": 0}', b'{"prefill_tokens_per_second": 9.0}',
-           b'{"max_num_queued_tokens": 1' + b"0" * 400 + b"}"]  # fmt: skip
+           b'{"max_num_queued_tokens": 1' + b"0" * 400 + b"}", b'{"max_predicted_ttft_seconds": 0}',
+           b'{"max_predicted_ttft_seconds": 3601}', b'{"max_predicted_ttft_seconds": "2"}']  # fmt: skip
     for body in bad:
         status, reply = admin.request("PUT", ADMISSION_PATH, body)
         assert status == 400 and reply.get("error"), (body[:40], status, reply)
@@ -183,6 +184,9 @@ def check_admission_contract(admin: AdminClient, door: str = "vllm") -> None:
     assert (both["max_num_queued_tokens"], both["max_num_queued_reqs"]) == (4096, 64)
     rated = set_caps(admin, max_num_queued_tokens=4096, prefill_tokens_per_second=2500)  # for Retry-After
     assert rated["prefill_tokens_per_second"] == 2500
+    predicting = set_caps(admin, max_predicted_ttft_seconds=2.5)  # the per-request door, beside the caps
+    assert (predicting["max_predicted_ttft_seconds"], predicting["max_num_queued_tokens"]) == (2.5, 4096), predicting
+    assert set_caps(admin, max_predicted_ttft_seconds=None)["max_predicted_ttft_seconds"] is None
     cleared = set_caps(admin, max_num_queued_tokens=None, max_num_queued_reqs=None, prefill_tokens_per_second=None)
     assert (cleared["max_num_queued_tokens"], cleared["max_num_queued_reqs"]) == (None, None)
     info = admin.request("GET", INFO_PATH)[1]

@@ -40,7 +40,17 @@ from batchlens.admin_api import (
 from batchlens.admin_auth import AdminAuth, own_pod
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import application, run_app
-from batchlens.queued_caps import PRIORITY_HEADER, door_priority, plugin_refusal, priority_class, refusal, refusal_body
+from batchlens.predicted_ttft import Watch, predict, refuses
+from batchlens.queued_caps import (
+    PREDICTED_TTFT,
+    PREDICTED_TTFT_HEADER,
+    PRIORITY_HEADER,
+    door_priority,
+    plugin_refusal,
+    priority_class,
+    refusal,
+    refusal_body,
+)
 from batchlens.simulator import openai_api as api
 from batchlens.simulator.dialect import DEFAULT_VLLM_VERSION, QUEUED_CAPS, series_of
 from batchlens.simulator.engine import Engine, SimRequest
@@ -86,8 +96,11 @@ class Simulator:
         self._t0 = time.monotonic()
         self._task: asyncio.Task[None] | None = None
         #: vLLM's queued caps (docs/admission.md), None: no cap; set at runtime through the admin API.
-        self.caps: dict[str, int | None] = {"max_num_queued_tokens": None, "max_num_queued_reqs": None}
+        self.caps: dict[str, int | float | None] = {
+            "max_num_queued_tokens": None, "max_num_queued_reqs": None, "max_predicted_ttft_seconds": None,
+        }  # fmt: skip
         self.prefill_rate: float | None = None  # the controller's estimate, for a refusal's Retry-After
+        self.watch = Watch()  # the plugin's per-request door learns from what vLLM's API server sees, as here
 
     # -- simulated time -----------------------------------------------------
 
@@ -124,6 +137,8 @@ class Simulator:
             await asyncio.sleep(max(0.0, self._t0 + clock / self.speed - time.monotonic()))
             self.metrics.observe_step(step)
             self.gpu.record(step)
+            if self.caps["max_predicted_ttft_seconds"] is not None:
+                self.watch.sample(clock, self._states(), self.engine.max_num_active_seqs)
             # A client may have gone away during the sleep: its request was aborted and has no one to tell.
             for request in step.produced:
                 if (pending := self._pending.get(request.id)) is not None:
@@ -137,7 +152,24 @@ class Simulator:
         queued = self.engine.queued_tokens + sum(r.prompt_tokens for r in self._arrivals)  # all in prefill
         unfinished = len(self._arrivals) + self.engine.unfinished
         return AdmissionState(**self.caps, num_queued_tokens=queued, num_unfinished_reqs=unfinished,
-                              prefill_tokens_per_second=self.prefill_rate)  # fmt: skip
+                              prefill_tokens_per_second=self.prefill_rate,
+                              learned_prefill_tokens_per_second=self.watch.rates.prefill_tokens_per_second)  # fmt: skip
+
+    def _states(self) -> dict[str, tuple[int, bool]]:
+        """What vLLM's API server has of each unfinished request: its prompt, and whether its first token came."""
+        requests = (*self._arrivals, *self.engine.waiting, *self.engine.running)
+        return {r.id: (r.prompt_tokens, r.first_token_at is None) for r in requests}
+
+    def predicted(self, prompt_tokens: int) -> tuple[str | None, float | None]:
+        """The plugin's per-request door (predicted_ttft.py): (PREDICTED_TTFT to refuse, its predicted TTFT)."""
+        bound = self.caps["max_predicted_ttft_seconds"]
+        if bound is None:
+            return None, None
+        limit = self.engine.max_num_active_seqs
+        prediction = predict(self.watch.sample(self.now(), self._states(), limit), prompt_tokens, self.watch.rates,
+                             limit)  # fmt: skip
+        seconds = None if prediction is None else prediction.ttft_seconds
+        return (PREDICTED_TTFT if refuses(prediction, bound) else None), seconds
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
         request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
@@ -176,7 +208,10 @@ class Simulator:
         # refuses only the sheddable class early (uncounted by vLLM), and vLLM refuses every other class alike.
         vllm_door = series_of(self.vllm_version) >= QUEUED_CAPS
         by_plugin = plugin_refusal(lambda: state, priority, vllm_caps=vllm_door)
-        if (reason := by_plugin or (refusal(state) if vllm_door else None)) is not None:
+        reason, predicted = by_plugin or (refusal(state) if vllm_door else None), None
+        if reason is None:
+            reason, predicted = self.predicted(req.prompt_tokens)
+        if reason is not None:
             self.arrivals.refused(door_class)
             if not (vllm_door and by_plugin):  # vLLM's counter: its own refusals, or the plugin door's before 0.29
                 self.metrics.admission_rejections[reason].inc()
@@ -186,21 +221,25 @@ class Simulator:
         pending = self.submit(req.prompt_tokens, req.max_tokens)
         self.arrivals.answered(req.stream)
         request_id = api.new_id(chat)
+        said = {} if predicted is None else {PREDICTED_TTFT_HEADER: f"{predicted:.3f}"}  # as the plugin tells it
         try:
             if req.stream:
-                return await self._stream(request, req, request_id, pending)
+                return await self._stream(request, req, request_id, pending, said)
             while await pending.tokens.get() is not None:
                 pass
         except asyncio.CancelledError:
             self.abort(pending)
             raise
         done = pending.request
-        return web.json_response(api.reply(req, request_id, done.generated, done.finish_reason or "length"))
+        reply = api.reply(req, request_id, done.generated, done.finish_reason or "length")
+        return web.json_response(reply, headers=said)
 
     async def _stream(
-        self, request: web.Request, req: api.Completion, request_id: str, pending: Pending
+        self, request: web.Request, req: api.Completion, request_id: str, pending: Pending, said: Mapping[str, str]
     ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **said}
+        )
 
         async def send(payload: object) -> None:
             await response.write(

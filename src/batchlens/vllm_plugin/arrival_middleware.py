@@ -26,13 +26,18 @@ from typing import Any, Protocol
 
 from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
 from batchlens.prompt_size import prompt_tokens
-from batchlens.queued_caps import PRIORITY_HEADER, cap_refusal, door_priority, priority_class, refusal_body
+from batchlens.queued_caps import (
+    PREDICTED_TTFT_HEADER,
+    PRIORITY_HEADER,
+    cap_refusal,
+    door_priority,
+    priority_class,
+    refusal_body,
+)
 
 _metrics: ArrivalMetrics | None = None
 _PRIORITY_KEY = PRIORITY_HEADER.encode()  # as ASGI gives header names: bytes, once, not on every request
-#: The header an admitted request's answer carries its predicted TTFT in (seconds), where the per-request door
-#: predicted one: a client or a benchmark compares it with the TTFT it got (docs/admission.md).
-PREDICTED_TTFT_HEADER = b"x-batchlens-predicted-ttft"
+_PREDICTED_KEY = PREDICTED_TTFT_HEADER.encode()
 #: A body past this size is not read for the per-request door: it goes on unjudged (vLLM answers what it says).
 MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
 
@@ -83,7 +88,7 @@ class ArrivalMiddleware:
                 content_type = dict(message.get("headers") or ()).get(b"content-type", b"")
                 self.arrivals.answered(content_type.startswith(b"text/event-stream"))
                 if predicted is not None:
-                    said = (PREDICTED_TTFT_HEADER, f"{predicted:.3f}".encode())
+                    said = (_PREDICTED_KEY, f"{predicted:.3f}".encode())
                     message = {**message, "headers": [*(message.get("headers") or ()), said]}
             elif message["type"] == "http.response.start" and message.get("status") == 503:
                 held.append(message)

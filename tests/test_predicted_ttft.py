@@ -1,0 +1,143 @@
+"""The per-request door's prediction, pure (batchlens.predicted_ttft), and the prompt read from a body
+(batchlens.prompt_size). How close it predicts on a real vLLM and on the simulator is benchmarks/predicted_ttft.py."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from batchlens.predicted_ttft import MIN_PREFILLS, Backlog, Prediction, Rates, Watch, predict, refuses
+from batchlens.prompt_size import prompt_tokens
+from batchlens.quantiles import poisson_quantile
+
+
+def learned(rate: float = 1000.0, step: float = 0.0, prompts=(100, 300, 500, 700, 900, 200, 400, 600, 800, 1000)):
+    """Rates that saw each prompt prefilled alone, in ``step + tokens / rate`` seconds."""
+    rates, now = Rates(), 0.0
+    for prompt in prompts:
+        seconds = step + prompt / rate
+        now += seconds
+        rates.observe(now, seconds, busy=True, full=False, prefilled_tokens=prompt, prefills=1, in_prefill=(0, 0))
+        now += 1.0
+        rates.observe(now, 1.0, busy=False, full=False)
+    return rates, now
+
+
+def test_the_door_knows_nothing_until_enough_first_tokens_came_and_then_admits() -> None:
+    rates, _ = learned(prompts=(500,) * (MIN_PREFILLS - 1))
+    assert rates.prefill_tokens_per_second is None
+    assert predict(Backlog(10_000, 10, 0), 500, rates, limit=4) is None
+    assert not refuses(None, 0.001)  # it fails open
+    rates, _ = learned(prompts=(500,) * MIN_PREFILLS)
+    assert rates.prefill_tokens_per_second == pytest.approx(1000)
+
+
+def test_a_lone_prompt_is_a_step_and_its_tokens_and_the_backlog_ahead_drains_at_the_rate() -> None:
+    """Prompts alone measure the step (a first token comes at a step's end) apart from the rate: proportional
+    alone, a rate learned on short prompts would take a long one for longer than it takes."""
+    rates, _ = learned(rate=2000.0, step=0.05)
+    step, per_token = rates.lone
+    assert step == pytest.approx(0.05) and per_token == pytest.approx(1 / 2000)
+    alone = predict(Backlog(0, 0, 3), 4000, rates, limit=None)
+    assert alone.prefill_seconds == pytest.approx(0.05 + 2.0)
+    rate = rates.prefill_tokens_per_second  # over all busy time, steps included: what a backlog drains at
+    behind = predict(Backlog(3000, 2, 3), 4000, rates, limit=None)
+    assert behind.prefill_seconds == pytest.approx(3000 / rate + 0.05 + 2.0)
+    assert behind.slots_needed == 0 and behind.ttft_seconds == behind.prefill_seconds
+
+
+def test_what_the_rate_says_is_done_of_the_prompts_in_prefill_is_not_waited_for_twice() -> None:
+    rates, now = learned()
+    rates.observe(now + 0.5, 0.5, busy=True, full=False, in_prefill=(2000, 2))  # half a second on two prompts
+    assert rates.partial_tokens == pytest.approx(0.5 * rates.prefill_tokens_per_second)
+    rates.observe(now + 5.0, 4.5, busy=True, full=False, in_prefill=(2000, 2))
+    assert rates.partial_tokens == 2000 - 2  # never a whole prompt: no first token came
+    rates.observe(now + 5.1, 0.1, busy=True, full=False, prefilled_tokens=2000, prefills=2, in_prefill=(0, 0))
+    assert rates.partial_tokens == 0
+
+
+def test_a_request_past_the_batch_limit_waits_for_finishes_which_count_only_while_the_batch_is_full() -> None:
+    rates, now = learned()
+    rates.observe(now + 1, 1.0, busy=False, full=False, finishes=50)  # finishes with room to spare say nothing
+    assert rates.finishes_per_second is None
+    rates.observe(now + 3, 2.0, busy=False, full=True, finishes=4)
+    assert rates.finishes_per_second == pytest.approx(2.0)
+    prediction = predict(Backlog(0, 3, 8), 100, rates, limit=8)  # 11 unfinished on 8 slots: 4 finishes to wait
+    assert prediction.slots_needed == 4
+    assert prediction.ttft_seconds == pytest.approx(4 / 2.0 + prediction.own_seconds)
+
+
+def test_the_door_refuses_only_past_the_budget_and_a_slot_only_past_the_quantile_of_the_finishes() -> None:
+    prefill = Prediction(1.0, 1.0, 0.2, 0, None)
+    assert refuses(prefill, 0.99) and not refuses(prefill, 1.0)
+    # 5 finishes needed, 2 a second, 2 s budget less 0.2 s of its own prefill: Poisson(3.6)'s 0.9 quantile is 6.
+    assert poisson_quantile(3.6, 0.9) == 6
+    assert not refuses(Prediction(2.7, 0.2, 0.2, 6, 2.0), 2.0, confidence=0.9)  # expected 3.2 s, yet it may make it
+    assert refuses(Prediction(3.7, 0.2, 0.2, 7, 2.0), 2.0, confidence=0.9)
+    assert refuses(Prediction(0.3, 0.3, 0.3, 1, 2.0), 0.25)  # its own prefill alone is past the budget
+
+
+def test_a_request_the_slot_test_refuses_would_have_missed_nine_times_in_ten_or_more() -> None:
+    """The slot test against random finishes: of the requests it refuses, at most 1 - confidence would have
+    had their slot in time (Poisson finishes at the rate measured)."""
+    rng, confidence, rate, budget = random.Random(3), 0.9, 4.0, 1.5
+    made = refused = 0
+    for needed in range(1, 15):
+        prediction = Prediction(needed / rate, 0.0, 0.0, needed, rate)
+        if not refuses(prediction, budget, confidence):
+            continue
+        for _ in range(400):
+            refused += 1
+            t, got = 0.0, 0
+            while (t := t + rng.expovariate(rate)) <= budget:
+                got += 1
+            made += got >= needed
+    assert refused and made / refused <= 1 - confidence
+
+
+def test_the_watch_sees_first_tokens_and_finishes_in_the_request_states_it_samples() -> None:
+    watch = Watch()
+    watch.sample(0.0, {"a": (100, True), "b": (200, True), "c": (50, False)}, limit=3)
+    backlog = watch.sample(0.5, {"b": (200, True), "a": (100, False), "d": (400, True)}, limit=3)  # a: first token
+    assert backlog == Backlog(600, 2, 1)
+    assert watch.rates._sums[2:4] == [100, 1]  # 100 prompt tokens in half a second of prefill
+    assert watch.rates._sums[0] == pytest.approx(0.5)
+    watch.sample(1.0, {"b": (200, True), "a": (100, False), "d": (400, True)}, limit=3)  # full: 3 on 3 slots...
+    watch.sample(2.0, {"b": (200, True), "d": (400, True)}, limit=3)  # ...and a finished
+    assert watch.rates.finishes_per_second == pytest.approx(1.0)
+    # Every slot held by a request past its first token: the ones in prefill wait for a slot, not for prefill.
+    before = watch.rates._sums[0]
+    watch.sample(3.0, {"x": (10, False), "y": (10, False), "z": (10, False), "b": (200, True)}, limit=3)
+    watch.sample(4.0, {"x": (10, False), "y": (10, False), "z": (10, False), "b": (200, True)}, limit=3)
+    assert watch.rates._sums[0] == pytest.approx(before + 1.0)  # the second: 3 decoding on 3 slots, not busy
+
+
+@pytest.mark.parametrize(
+    ("body", "tokens"),
+    [
+        ({"prompt": "x" * 400}, 100),
+        ({"prompt": "abc"}, 1),
+        ({"prompt": [1, 2, 3]}, 3),
+        ({"prompt": ["x" * 40, [1, 2]]}, 12),
+        ({"messages": [{"role": "user", "content": "x" * 80}, {"role": "system", "content": None}]}, 20 + 8),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 8}, {"type": "image_url"}]}]},
+         2 + 4),
+        ({"prompt": [True, 2]}, None),  # not token ids
+        ({"prompt": []}, None),
+        ({"prompt": [[], [1]]}, None),
+        ({"messages": "hi"}, None),
+        ({"messages": [{"content": 5}]}, None),
+        ({"model": "m"}, None),
+        ([1, 2], None),
+    ],
+)  # fmt: skip
+def test_a_prompt_is_read_from_its_body_token_ids_exactly_text_at_four_characters(body, tokens) -> None:
+    assert prompt_tokens(json.dumps(body).encode()) == tokens
+
+
+def test_a_body_that_is_not_json_is_not_judged() -> None:
+    assert prompt_tokens(b"{not json") is None
+    assert prompt_tokens(b"\xff\xfe") is None
+    assert prompt_tokens(b"[" * 100_000) is None  # too deep to read: no crash
