@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import textwrap
 import threading
@@ -26,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, TOKEN_ENV
-from batchlens.queued_caps import PRIORITY_HEADER
+from batchlens.queued_caps import MESSAGES, PREDICTED_TTFT, PRIORITY_HEADER
 from batchlens.vllm_plugin.admin_port import HOST_ENV, PORT_ENV, AdminListen, admin_listen
 from harness.admin import (
     AdminClient,
@@ -154,6 +155,101 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
     assert one(door, "batchlens_door_refusals_total", priority_class="standard") >= statuses[503]
     assert 1 <= max(running) <= 4 and kv < 0.9, running  # the admitted ones keep running; nothing piles up in KV
     assert vllm_server.complete(max_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+def door_completion(
+    server: VllmServer, prompt_tokens: int, max_tokens: int = 4, priority: int | None = None, seed: int = 0
+) -> tuple[int, dict[str, str], bytes]:
+    """One completion of ``prompt_tokens`` token ids drawn from ``seed`` (so that no prefix cache makes its prefill
+    free): its status, its headers (lower-cased names) and its body."""
+    ids = random.Random(seed).choices(range(3, 1000), k=prompt_tokens)
+    payload = {"model": server.model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True}
+    headers = {"Content-Type": "application/json", **({} if priority is None else {PRIORITY_HEADER: str(priority)})}
+    request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            return reply.status, {k.lower(): v for k, v in reply.headers.items()}, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
+
+
+def predicted_rejections(server: VllmServer) -> tuple[float, float]:
+    """vLLM's own count of the per-request door's refusals, and the door's count of critical requests refused."""
+    samples = parse_samples(server.metrics_text())
+    vllms = sum(pick(samples, "vllm:admission_rejections_total", reason=PREDICTED_TTFT).values())
+    return vllms, sum(pick(samples, "batchlens_door_refusals_total", priority_class="critical").values())
+
+
+def test_the_per_request_door_predicts_each_requests_ttft_and_refuses_a_predicted_miss(
+    vllm_server: VllmServer, session_admin: AdminClient
+) -> None:
+    """The door on at a bound nothing misses (an hour): it learns the prefill rate from the requests it sees served
+    and tells each admitted one its predicted TTFT. Then, under eight clients, a bound every request misses (1 ms,
+    what a 1,024-token prompt's own prefill takes longer than): each new request, a critical one too, gets vLLM's
+    503 with the door's message and a Retry-After, and vLLM's counter counts each. Off again, a request passes."""
+    header = "x-batchlens-predicted-ttft"  # what an admitted request's answer carries its prediction in
+    statuses: Counter[int] = Counter()
+    refused: list[tuple[dict[str, str], bytes]] = []
+    after: list[int] = []  # the statuses of the requests sent once the 1 ms bound was in force
+    lock, stop, strict = threading.Lock(), threading.Event(), threading.Event()
+    pool = ThreadPoolExecutor(8)
+
+    def client(seed: int) -> None:
+        while not stop.is_set():
+            judged = strict.is_set()
+            status, headers, body = door_completion(vllm_server, 1024, max_tokens=32, seed=seed)
+            seed += 1000
+            with lock:
+                statuses[status] += 1
+                after.extend([status] if judged else [])
+                refused.extend([(headers, body)] if status == 503 else [])
+            if status == 503:
+                time.sleep(0.05)  # as a client backing off: a refusal is instant
+
+    session_admin.state()  # the batch route read: the door knows the limit it counts slots against
+    before = predicted_rejections(vllm_server)
+    try:
+        assert set_caps(session_admin, max_predicted_ttft_seconds=3600)["max_predicted_ttft_seconds"] == 3600
+        # Learning: prompts of different lengths, alone and eight at once, until the door has a rate.
+        lengths, seed, deadline = (64, 1500, 256, 1024, 128, 768, 512, 384), 1, time.monotonic() + 60
+        while (state := session_admin.request("GET", ADMISSION_PATH)[1])["learned_prefill_tokens_per_second"] is None:
+            assert time.monotonic() < deadline, f"the door learned no prefill rate within 60 s: {state}"
+            for n in lengths[:3]:
+                assert door_completion(vllm_server, n, seed=seed + n + 5000)[0] == 200
+            with ThreadPoolExecutor(len(lengths)) as burst:
+                replies = list(burst.map(lambda n, s=seed: door_completion(vllm_server, n, seed=s + n), lengths))
+            seed += 10_000
+            assert {status for status, _, _ in replies} == {200}, [r[:2] for r in replies]  # an hour: no miss
+        assert state["max_predicted_ttft_seconds"] == 3600 and state["learned_prefill_tokens_per_second"] > 0, state
+        status, headers, _ = door_completion(vllm_server, 700, seed=7)
+        assert status == 200 and float(headers[header]) > 0, (status, headers)
+
+        # A load, then a bound that every request misses.
+        for i in range(8):
+            pool.submit(client, 100 + i)
+        wait_for(vllm_server, lambda running, waiting: running + waiting >= 4, "the load in flight")
+        assert set_caps(session_admin, max_predicted_ttft_seconds=0.001)["max_predicted_ttft_seconds"] == 0.001
+        strict.set()
+        deadline = time.monotonic() + 30
+        while len(after) < 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        critical = door_completion(vllm_server, 1024, priority=1, seed=99)
+    finally:
+        stop.set()
+        set_caps(session_admin, max_predicted_ttft_seconds=None)
+        pool.shutdown(wait=True)
+    assert len(after) >= 16 and set(after) == {503}, Counter(after)  # every request judged at 1 ms is refused
+    assert critical[0] == 503, critical[:2]  # it would miss too: the door refuses by fate, not by class
+    for headers, body in [*refused, critical[1:]]:
+        assert json.loads(body)["error"]["message"] == MESSAGES[PREDICTED_TTFT], body[:300]
+        assert int(headers["retry-after"]) >= 1 and header not in headers, headers
+    vllms, criticals = predicted_rejections(vllm_server)
+    assert vllms - before[0] == statuses[503] + 1, (vllms, before, statuses)  # one each, the critical one too
+    assert criticals - before[1] == 1, (criticals, before)
+    # Off: a request passes, and no prediction is made for it.
+    assert session_admin.request("GET", ADMISSION_PATH)[1]["max_predicted_ttft_seconds"] is None
+    status, headers, _ = door_completion(vllm_server, 1024, seed=98)
+    assert status == 200 and header not in headers, (status, headers)
 
 
 def test_the_plugin_vllm_loaded_is_the_wheels(session_admin: AdminClient, distributions: Distributions) -> None:
