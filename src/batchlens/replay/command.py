@@ -38,7 +38,8 @@ from batchlens.simulator.profiles import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODEL
               help="default (the limit is the capacity, vLLM as shipped), static:N, breaker (today's hook, driven "
               "by its alert), adaptive (the controller's law on the engine's own metrics), pid (the article's "
               "PID, every 30 s, for comparison), admit (the default limit with the controller's queued-token cap "
-              "at vLLM's door: sheds count as not good) or adaptive+admit (both knobs); repeatable.")  # fmt: skip
+              "at vLLM's door: sheds count as not good), adaptive+admit (both knobs), predict or adaptive+predict "
+              "(the plugin's per-request door in front of the cap); repeatable.")  # fmt: skip
 @click.option("--oracle", is_flag=True, help="Also sweep static limits and report the best one for this trace.")
 @slo_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
