@@ -96,6 +96,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/proxy_cost.py
 	$(BIN)/python benchmarks/control_vllm.py
+	$(BIN)/python benchmarks/predicted_ttft.py
 	$(BIN)/python benchmarks/memory.py --engines 8 --interval 1 --minutes 3
 	$(BIN)/python benchmarks/hook_fleet.py
 
