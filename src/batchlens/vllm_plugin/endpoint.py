@@ -41,7 +41,7 @@ from batchlens.admin_api import (
     retry_after,
 )
 from batchlens.admin_auth import AdminAuth, PodIdentity, own_pod, refuse_encoded
-from batchlens.predicted_ttft import Watch, predict, refuses
+from batchlens.predicted_ttft import Backlog, Watch, predict, refuses
 from batchlens.queued_caps import PREDICTED_TTFT, plugin_refusal
 from batchlens.vllm_plugin.admin_port import admin_listen, start_admin_server
 from batchlens.vllm_plugin.arrival_middleware import ArrivalMiddleware
@@ -84,6 +84,7 @@ class AdminService:
         # The per-request door (predicted_ttft.py): its bound, shared like the caps, and what it learns.
         self._predicted_ttft: float | None = None
         self._watch = Watch()
+        self._said_unreadable = False
         self._slots: int | None = None  # this process's share of the batch slots, once a batch read says them
         self._predicted_refusals = predicted_rejections(engine_client) if self._door is not None else None
         if self._door is not None and self.siblings.count > 1:
@@ -107,9 +108,21 @@ class AdminService:
         per-request door learns from its requests' states."""
         self.apply_shared_caps()
         if (door := self._door) is not None:
-            self._watch.sample(time.monotonic(), request_states(self._client), self._slots)
+            self._sample()
             if self.siblings.count > 1:
                 self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
+
+    def _sample(self) -> Backlog | None:
+        """The request states, into what the per-request door learns; None where they cannot be read (a release
+        that moved vLLM's internals): said once, and the door then admits unjudged, never fails a request."""
+        try:
+            return self._watch.sample(time.monotonic(), request_states(self._client), self._slots)
+        except Exception:
+            if not self._said_unreadable:
+                self._said_unreadable = True
+                log.exception("batchlens: the per-request door cannot read vLLM's request states: it admits "
+                              "every request unjudged")  # fmt: skip
+            return None
 
     def start(self) -> asyncio.Task | None:
         """The tick, as a task of vLLM's running loop (held by the caller, so that the loop does not drop it):
@@ -237,7 +250,8 @@ class AdminService:
         budget = self._predicted_ttft
         if self._door is None or budget is None or prompt_tokens is None:
             return None, None
-        backlog = self._watch.sample(time.monotonic(), request_states(self._client), self._slots)
+        if (backlog := self._sample()) is None:
+            return None, None
         prediction = predict(backlog, prompt_tokens, self._watch.rates, self._slots)
         if not refuses(prediction, budget):
             return None, None if prediction is None else prediction.ttft_seconds
