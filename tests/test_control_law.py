@@ -52,15 +52,17 @@ def itl(gaps: dict[float, float]) -> Histogram:
 
 
 def w(*, running: float, waiting: float = 0, kv: float = 0.3, pace: float | None = None, n: int = 100,
-      tps: float | None = None) -> Window:  # fmt: skip
+      tps: float | None = None, late: int = 0) -> Window:  # fmt: skip
     """A window in which every gap between tokens was ``pace`` (in that bucket, and summing to n x pace).
 
     Its tokens/s is ``tps``, by default what ``running`` requests give at that pace: the batch the law
-    infers from a window is tokens/s x the mean gap."""
+    infers from a window is tokens/s x the mean gap. ``late``: of its 100 first tokens, how many came past the
+    SLO's TTFT (none: no first token came)."""
     tps = tps if tps is not None else running / pace if pace else 1000.0
     bound = next((b for b in ITL_BOUNDS if pace is not None and pace <= b), None)
     gaps = itl({bound: n} if bound else {})
-    return Window(2.0, running, waiting, kv, tps, 0.0, Histogram(), Histogram(gaps.buckets, n * (pace or 0.0)))
+    ttft = itl({SLO.ttft_seconds: 100 - late, math.inf: late}) if late else Histogram()
+    return Window(2.0, running, waiting, kv, tps, 0.0, ttft, Histogram(gaps.buckets, n * (pace or 0.0)))
 
 
 def test_histograms_give_prometheus_quantiles_and_survive_a_restart() -> None:
@@ -357,8 +359,11 @@ def situations(draw) -> tuple[State, Window, float]:
     state = State(limit, hold, peak, ceiling, now + draw(st.floats(-60, 60)), since, draw(st.integers(0, 1)),
                   draw(st.sampled_from(CAPACITIES)), now - draw(st.floats(0, 60)))  # fmt: skip
     pace = draw(st.one_of(st.none(), st.floats(0.001, 0.3)))
+    # Tokens/s anywhere, or near the peak's (flat past it, ttft_flat's ground, is a narrow band of the first).
+    tps = draw(st.one_of(st.floats(0, 1e4), st.floats(0.8, 1.1).map(lambda f: f * (peak.tokens_per_second if peak
+                                                                                     else 1000))))  # fmt: skip
     win = w(running=draw(st.integers(0, 100)), waiting=draw(st.integers(0, 100)), kv=draw(st.floats(0, 1)),
-            pace=pace, tps=draw(st.floats(0, 1e4)))  # fmt: skip
+            pace=pace, tps=tps, late=draw(st.sampled_from((0, 50))))  # fmt: skip
     return state, win, now
 
 
@@ -422,6 +427,8 @@ def test_each_branch_moves_the_limit_only_its_own_way(situation) -> None:
                 assert new < decision.state.ceiling, "never back up to the limit that fell"
             if one_slot(decision.state, TUNING.door) is not None:
                 assert new <= limit + 1, "a prefill-bound mix, or a fall with no door: one slot a tick"
+        case "ttft_flat":
+            assert new == limit and not TUNING.door and win.ttft.share_at_most(SLO.ttft_seconds) < 0.9
         case "steady":
             assert new == limit
         case other:
@@ -649,3 +656,17 @@ def test_live_and_replay_steer_with_the_same_defaults() -> None:
     # Live, the law's settings come from the config (Control, through steering.tuning); replay and the benches
     # use Tuning's own: the figures in docs/ hold for a live controller only while the two agree.
     assert tuning(Control(), 256) == Tuning(max_limit=256)
+
+
+def test_no_growth_that_buys_no_tokens_and_makes_first_tokens_late_unless_a_door_sheds() -> None:
+    """Past the conversation trace's cliff a limit of 20 to 29 served what 16 did, the pace far inside its SLO,
+    and its long prompts' first tokens came later (docs/control.md): a batch past the peak's that serves no more
+    than the peak did, with a tenth of its first tokens late, does not grow. It does where they come on time, or
+    where it serves more, and with a door beside it (the door refuses what would be late)."""
+    flat = dict(running=48, waiting=9, pace=0.05, tps=1000)  # a batch of 50 serving the peak's 1000 tokens/s
+    assert decide(State(48, peak=PEAK), w(**flat, late=50), 100, SLO, TUNING).reason == "ttft_flat"
+    assert decide(State(48, peak=PEAK), w(**flat, late=50), 100, SLO, TUNING).limit == 48
+    assert decide(State(48, peak=PEAK), w(**flat, late=5), 100, SLO, TUNING).reason == "headroom"
+    assert decide(State(48, peak=PEAK), w(**{**flat, "tps": 1100}, late=50), 100, SLO, TUNING).reason == "headroom"
+    door = replace(TUNING, door=True)
+    assert decide(State(48, peak=PEAK), w(**flat, late=50), 100, SLO, door).reason == "headroom"

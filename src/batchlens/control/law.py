@@ -165,6 +165,10 @@ MIN_PEAK_BATCH = 4.0
 # (the published profile's bursty load: 2% under at a batch 35% larger); past the peak, the conversation trace's
 # engine served 6-11% under.
 CLIMB_SHARE = 0.95
+#: Growth stops where fewer first tokens than this share come within the SLO's TTFT ...
+TTFT_ON_TIME = 0.9
+#: ... while the batch, past the peak's, serves under this multiple of the peak's tokens/s: it buys nothing.
+FLAT_SHARE = 1.05
 BURST = 1.5  # a window whose arrivals came at over this x their average rate (control/capacity.py's demand)
 
 
@@ -197,8 +201,8 @@ class State:
 
 
 #: Every reason the law gives (docs/control.md's table), in the order it tries them.
-REASONS = ("drain", "pace_over", "kv_ceiling", "idle", "app_limited", "keep_up", "past_peak", "slow_start", "headroom",
-           "steady")  # fmt: skip
+REASONS = ("drain", "pace_over", "kv_ceiling", "idle", "app_limited", "keep_up", "past_peak", "ttft_flat",
+           "slow_start", "headroom", "steady")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,8 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
         return Decision(state, "idle" if w.running == 0 else "app_limited")
     if saturated and past:
         return Decision(state, "steady")  # growth would serve fewer tokens/s, and they fall short already
+    if saturated and not tuning.door and late_for_nothing(state, w, settled, slo):
+        return Decision(state, "ttft_flat")
     if saturated and (math.isnan(pace) or pace < tuning.headroom * slo.tpot_seconds):
         # Far below the SLO (slow start): double; near it, or on an engine that has shown a throughput
         # peak: + sqrt(limit), Envoy's headroom, and never up to the ceiling while it holds; + 1 on a
@@ -290,6 +296,18 @@ def decide(state: State, w: Window, now: float, slo: Slo, tuning: Tuning) -> Dec
             target = max(limit, min(target, state.ceiling - 1))
         return _move(state, target, state.hold_until, "slow_start" if far else "headroom", tuning, now)
     return Decision(state, "steady")
+
+
+def late_for_nothing(state: State, w: Window, settled: bool, slo: Slo) -> bool:
+    """Whether growth would buy nothing and cost first tokens: over a tenth of them late (TTFT_ON_TIME) while the
+    batch, past the throughput peak's, serves no more than the peak did (FLAT_SHARE). Past the conversation
+    trace's cliff a limit of 20 to 29 served the same tokens/s as 16, at a pace far inside the SLO, and every
+    step's token budget then carried more decodes beside the long prompts' chunks: P50 TTFT 3.25 s against
+    1.21 s, 0.84 of the best static limit's goodput, which neither the pace nor the tokens/s could show
+    (docs/control.md). Only without a door: with one, the door refuses what would be late, and the queue it
+    leaves says nothing of the batch."""
+    late = w.ttft.count > 0 and w.ttft.share_at_most(slo.ttft_seconds) < TTFT_ON_TIME
+    return late and settled and past_the_peak(state.peak, state.limit, w, FLAT_SHARE)
 
 
 def one_slot(state: State, door: bool) -> str | None:

@@ -73,7 +73,8 @@ def breaker(thresholds: Thresholds) -> dict:
                                  f"{{{INSTANCE}}}[$__rate_interval]))", "{{reason}}"),
                                 bars=True,
                                 description="What each tick decided: headroom and slow_start grow; pace_over, "
-                                            "kv_ceiling, keep_up and past_peak cut; drain waits after a cut; "
+                                            "kv_ceiling, keep_up and past_peak cut; drain waits after a cut; ttft_flat "
+                                            "holds: growth would buy nothing and make first tokens late; "
                                             "manual_hold, breaker_open and no_signal mean control is paused "
                                             "(docs/control.md)."),
                      8),

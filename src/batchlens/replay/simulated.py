@@ -94,6 +94,7 @@ class Replica:
         self.bad = 0  # requests already sure not to be good: refused, shed, or finished outside the SLO
         self.predicts = getattr(policy, "rates", None) is not None  # a per-request door (Predicting) in front
         self.in_prefill = [0, 0]  # prompt tokens and requests admitted without their first token: in prefill
+        self.limit_seen = engine.max_num_active_seqs
         # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
         # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
         self.now, self.next_tick = 0.0, 0.0 if self.steers else self.tick
@@ -145,6 +146,7 @@ class Replica:
         """One scheduler iteration, and the policy's decision where a tick falls due."""
         engine, policy = self.engine, self.policy
         limit, prefilling = engine.max_num_active_seqs, self.in_prefill[1]
+        added, self.limit_seen = max(0, limit - self.limit_seen), limit  # the policy's growth frees slots too
         busy, full = prefilling > 0 and engine.unfinished - prefilling < limit, engine.unfinished >= limit
         step = engine.step(self.now)
         self.now += step.duration
@@ -153,16 +155,9 @@ class Replica:
             first = [r.prompt_tokens for r in step.produced if r.generated == 1]
             self.in_prefill[0] -= sum(first)
             self.in_prefill[1] -= len(first)
-            policy.rates.observe(
-                now,
-                step.duration,
-                busy=busy,
-                full=full,
-                prefilled_tokens=sum(first),
-                prefills=len(first),
-                finishes=len(step.finished),
-                in_prefill=tuple(self.in_prefill),
-            )
+            policy.rates.observe(now, step.duration, busy=busy, full=full, prefilled_tokens=sum(first),
+                                 prefills=len(first), finishes=len(step.finished), in_prefill=tuple(self.in_prefill),
+                                 slots_added=added)  # fmt: skip
         self.bad += sum(not outcome(r).good(self.slo) for r in step.finished)
         if self.metrics is not None:
             self.metrics.observe_step(step)

@@ -33,6 +33,7 @@ CONTROLLER = {
     "app_limited": "under half the limit runs and nothing waits: the limit does not bind, hold",
     "keep_up": "requests wait behind a full batch, the engine serves too little and slows as it grows: cut",
     "past_peak": "a larger batch served fewer tokens/s than the peak: back to the peak's batch",
+    "ttft_flat": "a batch past the peak's served no more tokens/s and a tenth of its first tokens were late: no growth",
     "slow_start": "requests wait and the pace is far within the SLO: double",
     "headroom": "requests wait and the pace is within the SLO: grow by the square root of the limit",
     "steady": "nothing to change: hold",
