@@ -231,6 +231,12 @@ class Door:
     def retry_after(self) -> int:
         return 7
 
+    def predicts(self) -> bool:  # the per-request door off: the body is never read
+        return False
+
+    def predicted(self, prompt_tokens: int | None) -> tuple[None, None]:
+        return None, None
+
 
 # -- the real thing: two Prometheus servers, two kinds of traffic --------------------------------
 
