@@ -51,6 +51,9 @@ def test_a_cap_set_through_one_sibling_is_what_every_sibling_reads() -> None:
     assert first.caps() == Caps(4, None, 0, 812.5, 0.625)
     first.set_caps({"max_predicted_ttft_seconds": None}, NONE)
     assert second.caps().max_predicted_ttft_seconds is None
+    assert second.slots() is None  # no batch read yet: the door predicts no slot wait
+    first.set_slots(64)  # a batch read through one sibling: every sibling's door counts against it
+    assert second.slots() == 64 and second.caps() == first.caps()  # beside the caps, never over them
 
 
 def test_the_totals_are_this_process_live_and_the_others_published_while_they_tick() -> None:

@@ -85,7 +85,6 @@ class AdminService:
         self._predicted_ttft: float | None = None
         self._watch = Watch()
         self._said_unreadable = False
-        self._slots: int | None = None  # this process's share of the batch slots, once a batch read says them
         self._predicted_refusals = predicted_rejections(engine_client) if self._door is not None else None
         if self._door is not None and self.siblings.count > 1:
             self._door.count_server_wide(lambda: self.siblings.totals(*self._door.counts(), time.monotonic_ns()))
@@ -172,9 +171,16 @@ class AdminService:
         return self._seen(combine(await self._all(BATCH_UTILITY)))
 
     def _seen(self, state: BatchState) -> BatchState:
-        """The slots the per-request door counts against: the server's, this process's share of them."""
-        self._slots = max(1, state.max_num_active_seqs * len(state.engines) // self.siblings.count)
+        """The server's batch slots, for the per-request door of every sibling."""
+        self.siblings.set_slots(state.max_num_active_seqs * len(state.engines))
         return state
+
+    @property
+    def _slots(self) -> int | None:
+        """This process's share of the server's batch slots, once a batch read or set through any sibling said
+        them; None before (the door then predicts no slot wait)."""
+        slots = self.siblings.slots()
+        return None if slots is None else max(1, slots // self.siblings.count)
 
     async def set_batch(self, body: bytes, client: str) -> BatchState:
         async with self._lock, self.siblings.exclusive():
@@ -238,8 +244,8 @@ class AdminService:
         return reason
 
     def predicts(self) -> bool:
-        """Whether the per-request door is on: then the middleware reads each request's prompt for it."""
-        self.apply_shared_caps()
+        """Whether the per-request door is on: then the middleware reads each request's prompt for it (asked after
+        :meth:`refusal`, which put the shared caps in force)."""
         return self._door is not None and self._predicted_ttft is not None
 
     def predicted(self, prompt_tokens: int | None) -> tuple[str | None, float | None]:

@@ -45,7 +45,7 @@ from pathlib import Path
 SLOT = 8  # int64 values per slot: 64 bytes, one cache line, so one process's writes never touch another's line
 MAGIC = 0x626C656E73  # "blens": a table this module wrote
 # The header slot (0) and each process's slot (1 + index), by position.
-_MAGIC, _GENERATION, _TOKENS, _REQS, _RATE, _LAST_ARRIVAL, _PREDICTED_TTFT = range(7)
+_MAGIC, _GENERATION, _TOKENS, _REQS, _RATE, _LAST_ARRIVAL, _PREDICTED_TTFT, _SLOTS = range(8)
 _PID, _QUEUED_TOKENS, _UNFINISHED, _APPLIED, _BEAT = range(5)
 #: A sibling whose last tick is older than this is counted as gone: its counts no longer add to the totals.
 STALE_NS = 5_000_000_000
@@ -199,6 +199,16 @@ class SiblingTable:
                 return "full"
             self.values[free], self.values[free + 1] = key, until
         return None
+
+    def set_slots(self, slots: int) -> None:
+        """The server's batch slots (the limit times its engine cores), as a batch read or set through any sibling
+        last saw them: the per-request door's slot wait counts against them in every sibling, not only in the one
+        the controller's calls reached."""
+        self.values[_SLOTS] = max(0, slots)
+
+    def slots(self) -> int | None:
+        """The server's batch slots as last seen; None: no batch read or set yet."""
+        return self.values[_SLOTS] or None
 
     def swap_last_arrival(self, now_ns: int) -> int | None:
         """Record an arrival at ``now_ns``; the one before it on any sibling (None: the first). Lock-free: two
