@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
-from batchlens.predicted_ttft import MIN_PREFILLS, Backlog, Prediction, Rates, Watch, predict, refuses
+from batchlens.predicted_ttft import MIN_PREFILLS, Backlog, Prediction, Rates, Seen, Watch, predict, refuses
 from batchlens.prompt_size import prompt_tokens
 from batchlens.quantiles import poisson_quantile
 
@@ -112,6 +113,58 @@ def test_the_watch_sees_first_tokens_and_finishes_in_the_request_states_it_sampl
     watch.sample(3.0, {"x": (10, False), "y": (10, False), "z": (10, False), "b": (200, True)}, limit=3)
     watch.sample(4.0, {"x": (10, False), "y": (10, False), "z": (10, False), "b": (200, True)}, limit=3)
     assert watch.rates._sums[0] == pytest.approx(before + 1.0)  # the second: 3 decoding on 3 slots, not busy
+
+
+def test_the_slot_frees_at_the_latest_when_the_requests_holding_them_reach_their_max_tokens() -> None:
+    """Where the output processor knows each request's max_tokens and its output so far, the slots are held by the
+    decoding requests and the oldest prefilling ones, and the n-th frees at the latest when the one with the n-th
+    fewest tokens left reaches its max_tokens."""
+    states = [Seen(10, False, 90, 100), Seen(10, False, 0, 300), Seen(10, False, 50, 70), Seen(20, True, 0, 40),
+              Seen(30, True, 0, 5)]  # fmt: skip
+    backlog = Backlog.of(states)
+    assert backlog.decoding_left == (10, 20, 300) and backlog.prefilling_left == (40, 5)
+    assert [backlog.slot_tokens(n, limit=4) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 300, None]  # the 5 s one waits
+    assert backlog.slot_tokens(1, limit=2) == 10  # the controller cut the limit below the decoding ones
+    assert Backlog.of([*states, Seen(5, True)]).slot_tokens(1, limit=4) is None  # one max_tokens unknown
+    assert Backlog.of([(10, False), (20, True)]).decoding_left is None
+
+
+def test_the_decode_step_is_learned_from_steps_with_no_prompt_in_them() -> None:
+    rates, now = learned()
+    assert rates.decode_seconds_per_token is None
+    rates.observe(now + 1, 1.0, busy=False, full=True, decoded=(200, 10.0))  # 10 requests, 20 tokens in a second
+    assert rates.decode_seconds_per_token == pytest.approx(0.05)
+    rates.observe(now + 2, 1.0, busy=True, full=True, decoded=(20, 10.0))  # a prompt's chunks in the steps: not
+    assert rates.decode_seconds_per_token == pytest.approx(0.05)  # what a request waiting for a slot waits through
+    rates.observe(now + 12, 10.0, busy=False, full=True, decoded=(1000, 100.0))  # ten seconds on: the new step rules
+    assert rates.decode_seconds_per_token == pytest.approx(0.1, rel=0.01)
+
+
+def test_a_request_whose_slot_frees_in_time_at_the_latest_is_admitted_whatever_the_finishes_say() -> None:
+    rates, now = learned()  # 1000 prompt tokens a second, no step
+    rates.observe(now + 2, 2.0, busy=False, full=True, finishes=1, decoded=(400, 20.0))  # 0.05 s a token
+    # 4 decoding on 4 slots with 10, 20, 30 and 300 tokens left, 2 prompts of 100 waiting: the third frees at the
+    # latest in 30 x 0.05 = 1.5 s, where one finish in 2 s says it would come in 6 s.
+    backlog = Backlog.of([*(Seen(10, False, 0, n) for n in (10, 20, 30, 300)), Seen(100, True, 0, 9),
+                          Seen(100, True, 0, 9)])  # fmt: skip
+    prediction = predict(backlog, 100, rates, limit=4)
+    assert prediction.slots_needed == 3 and prediction.slot_seconds == pytest.approx(1.5)
+    assert prediction.ttft_seconds == pytest.approx(1.5 + 0.1)
+    assert prediction.prefill_seconds == pytest.approx(0.3)
+    assert not refuses(prediction, 1.8)  # 1.5 s and the prompts ahead and its own: 1.8 s
+    assert refuses(prediction, 1.79)  # past it, only the finishes judge, and they say 6 s
+    assert refuses(replace(prediction, slot_seconds=None), 1.8)
+
+
+def test_the_watch_learns_the_decode_step_from_the_output_of_requests_decoding_at_both_looks() -> None:
+    watch = Watch()
+    watch.sample(0.0, {"a": Seen(10, False, 5, 100), "b": Seen(10, False, 0, 100)})
+    watch.sample(1.0, {"a": Seen(10, False, 25, 100), "b": Seen(10, False, 20, 100), "c": Seen(10, False, 9, 100)})
+    assert watch.rates.decode_seconds_per_token == pytest.approx(2 / 40)  # c, not seen before, is not counted
+    # A prompt in prefill (with room for it): its chunks are in the steps, which are not a decode step's.
+    watch.sample(2.0, {"a": Seen(10, False, 45, 100), "b": Seen(10, False, 40, 100), "d": Seen(10, True)})
+    watch.sample(3.0, {"a": Seen(10, False, 46, 100), "b": Seen(10, False, 41, 100), "d": Seen(10, True)})
+    assert watch.rates.decode_seconds_per_token == pytest.approx(2 / 40)
 
 
 @pytest.mark.parametrize(

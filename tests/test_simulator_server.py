@@ -148,6 +148,9 @@ def holding_three(tmp_path, *args: str) -> Iterator[tuple[SimulatorProcess, Admi
         for _ in range(3):
             pool.submit(sim.post, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2000}, 300)
         three_in_flight(admin)
+        # Each past its first token: a door that starts watching then sees none of theirs come.
+        firsts = lambda: sum(pick(gauges(sim), "vllm:time_to_first_token_seconds_count").values())  # noqa: E731
+        wait_until(lambda: firsts() == 3, timeout=10, what="the three past their first token")
         yield sim, admin
     finally:
         sim.stop()  # the three held requests end with it

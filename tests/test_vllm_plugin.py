@@ -505,6 +505,15 @@ PLUGIN_DOOR_APP = MIDDLEWARE_APP + textwrap.dedent(
     from vllm.v1.engine.output_processor import OutputProcessor, RequestState
 
     print("SHAPE", plugin_door_refusal(OutputProcessor, RequestState))  # 0.32's own classes pass the check
+    # What the per-request door reads of a request's output, where vLLM keeps it: its max_tokens and its stats.
+    from batchlens.vllm_plugin.compat import SchedulerShape
+    from batchlens.vllm_plugin.door import seen
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    print("OUTPUT", "max_tokens_param" in frozenset().union(*SchedulerShape.of_class(RequestState).methods.values()))
+    state = SimpleNamespace(prompt_len=10, is_prefilling=False, max_tokens_param=100, stats=RequestStateStats())
+    state.stats.num_generation_tokens = 30
+    print("SEEN", tuple(seen(state)), tuple(seen(SimpleNamespace(**{**vars(state), "stats": None}))))
     real = mw.check_installed_vllm  # a release without vLLM's caps: the one stand-in beside the engine client
     mw.check_installed_vllm = lambda: replace(real(), door=PLUGIN_DOOR, caps_refusal="(a release before 0.29)")
     # The API server's request states: 3 of 5 still in prefill, 100 prompt tokens each.
@@ -577,6 +586,8 @@ def test_where_vllm_has_no_queued_caps_the_plugins_door_refuses_by_the_same_rule
     assert done.returncode == 0, done.stderr[-2000:]
     out = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ", 1)[0].isupper())
     assert out["SHAPE"] == "None"
+    assert out["OUTPUT"] == "True"  # and without stats (--disable-log-stats) the door knows no request's end
+    assert out["SEEN"] == "(10, False, 30, 100) (10, False, 0, None)"
     assert out["OPEN"] == "200"  # no cap: the door is open
     assert "'num_queued_tokens': 300" in out["CAP"] and "'num_unfinished_reqs': 5" in out["CAP"], out["CAP"]
     status, retry, body = out["TOKENS"].split(" ", 2)

@@ -24,9 +24,11 @@ door knows nothing, and refuses nothing (it fails open, as the cap does).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from batchlens.quantiles import poisson_quantile
 
@@ -39,6 +41,9 @@ MIN_PREFILLS = 8
 #: held slots that others could have used (1.66 good requests/s at x1.2 where the cap alone served 2.43); at 0.8
 #: it served 2.28 with 1.9% of its sheds false, at 0.5 3.61 with 12.5% (docs/admission.md).
 CONFIDENCE = 0.8
+#: How quickly the learned time a decode step takes follows the batch (seconds): the step lengthens as a burst fills
+#: the batch, within seconds, where the rates above look back half a minute.
+DECODE_TIME_CONSTANT = 2.0
 #: The queued-token cap behind the per-request door is this multiple of the cap alone: a backstop against a
 #: backlog the door cannot see (a rate not learned yet), not the judge. At 1 it refused, at the conversation
 #: trace's cliff, the marginal requests that the door had judged would make it (a third of its sheds false).
@@ -54,6 +59,9 @@ class Prediction:
     own_seconds: float  # its own prompt alone
     slots_needed: int  # finishes it waits for before it has a slot (0: the batch has room)
     finishes_per_second: float | None
+    #: When its slot frees at the latest: the requests holding the slots have this long to their last token (the
+    #: output tokens each has left, at the decode step's learned time). None: not known.
+    slot_seconds: float | None = None
 
 
 @dataclass
@@ -89,14 +97,18 @@ class Rates:
         #: rate says: what it did while anything was in prefill, less the prompts whose first token came. The API
         #: server sees no chunk; the bounds (none below 0, never a whole prompt) keep the rate's error from adding up.
         self.partial_tokens = 0.0
+        self._decode = [0.0, 0.0]  # output tokens, and request-seconds decoding, decayed by DECODE_TIME_CONSTANT
 
     def observe(self, now: float, seconds: float, *, busy: bool, full: bool, prefilled_tokens: int = 0,
                 prefills: int = 0, finishes: int = 0, in_prefill: tuple[int, int] = (0, 0),
-                slots_added: int = 0) -> None:  # fmt: skip
+                slots_added: int = 0, decoded: tuple[int, float] = (0, 0.0)) -> None:  # fmt: skip
         """``in_prefill``: (prompt tokens, requests) still in prefill now, which bound :attr:`partial_tokens`;
         ``slots_added``: how far the batch limit rose since the last look (the controller's growth frees slots as
         finishes do: on the Azure code trace, where the law grows a slot a tick, a quarter of the slot test's sheds
-        were false without it)."""
+        were false without it); ``decoded``: output tokens that requests decoding all along got, and the seconds
+        they were decoding (summed over the requests)."""
+        # Only a step with no prompt in it: a request waiting for a slot waits through steps that admit no prompt.
+        self._decoded(seconds, *(decoded if not busy else (0, 0.0)))
         finishes += slots_added
         # Finishes free slots only where the batch was full: else they say nothing of how soon one frees.
         window = _Window(now, seconds if busy else 0.0, seconds if full else 0.0, prefilled_tokens, prefills,
@@ -120,6 +132,10 @@ class Rates:
         # Each prompt still in prefill may be done but for its last token (whose step brings its first token).
         self.partial_tokens = min(max(self.partial_tokens + rate * window.busy_seconds - prefilled_tokens, 0.0),
                                   max(tokens - requests, 0))  # fmt: skip
+
+    def _decoded(self, seconds: float, tokens: int, request_seconds: float) -> None:
+        decay = math.exp(-seconds / DECODE_TIME_CONSTANT)  # sums, not a mean of steps: a long step weighs its tokens
+        self._decode = [self._decode[0] * decay + tokens, self._decode[1] * decay + request_seconds]
 
     def _add(self, w: _Window, sign: int) -> None:
         for i, value in enumerate((w.busy_seconds, w.full_seconds, w.prefilled_tokens, w.prefills, w.finishes)):
@@ -154,31 +170,72 @@ class Rates:
         return (step, per_token) if per_token > 0 and step >= 0 else None
 
     @property
+    def decode_seconds_per_token(self) -> float | None:
+        """Seconds between two output tokens of a decoding request in a step of decodes alone, lately; None: none
+        seen."""
+        tokens, seconds = self._decode
+        return seconds / tokens if tokens > 0.5 and seconds > 0 else None
+
+    @property
     def finishes_per_second(self) -> float | None:
         """Requests finished per second while the batch was at its limit (a slot frees as one finishes)."""
         _, full, _, _, finishes = self._sums
         return finishes / full if full > 0 and finishes > 0 else None
 
 
+class Seen(NamedTuple):
+    """What the API server has of one unfinished request."""
+
+    prompt_tokens: int
+    in_prefill: bool  # no first token yet
+    generated: int = 0  # output tokens so far
+    max_tokens: int | None = None  # None: not known (nor, then, when it ends at the latest)
+
+    @property
+    def tokens_left(self) -> int | None:
+        """Output tokens it has left at most: it ends at its max_tokens, or sooner (a stop)."""
+        return None if self.max_tokens is None else max(self.max_tokens - self.generated, 0)
+
+
 @dataclass(frozen=True)
 class Backlog:
     """What the API server has of the requests ahead of a new one: each request's prompt still in prefill (counted
-    whole, as vLLM's queued caps count it), and how many are past their first token."""
+    whole, as vLLM's queued caps count it), and how many are past their first token; and where their max_tokens
+    are known, the output tokens each has left (decoding ones, fewest first; the prefilling ones in arrival order,
+    which is the order the engine gives them slots)."""
 
     prefilling_tokens: int
     prefilling: int
     decoding: int
+    decoding_left: tuple[int, ...] | None = None
+    prefilling_left: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, states: Iterable[tuple[int, bool]]) -> Backlog:
-        """From each unfinished request's (prompt tokens, still in prefill)."""
+    def of(cls, states: Iterable[Seen | tuple]) -> Backlog:
+        """From each unfinished request's :class:`Seen` (or its first fields), in arrival order."""
         tokens = prefilling = decoding = 0
-        for prompt, in_prefill in states:
-            if in_prefill:
-                tokens, prefilling = tokens + prompt, prefilling + 1
+        decoding_left: list[int] | None = []
+        prefilling_left: list[int] | None = []
+        for state in states:
+            seen = Seen(*state)
+            left = seen.tokens_left
+            if seen.in_prefill:
+                tokens, prefilling = tokens + seen.prompt_tokens, prefilling + 1
+                prefilling_left = None if left is None or prefilling_left is None else [*prefilling_left, left]
             else:
                 decoding += 1
-        return cls(tokens, prefilling, decoding)
+                decoding_left = None if left is None or decoding_left is None else [*decoding_left, left]
+        known = decoding_left is not None and prefilling_left is not None
+        return cls(tokens, prefilling, decoding, tuple(sorted(decoding_left)) if known else None,
+                   tuple(prefilling_left) if known else None)  # fmt: skip
+
+    def slot_tokens(self, needed: int, limit: int) -> int | None:
+        """Output tokens until the ``needed``-th slot frees at the latest: the slots are held by every decoding
+        request and the oldest prefilling ones; None: not known, or more finishes than there are slots."""
+        if self.decoding_left is None or self.prefilling_left is None or needed < 1:
+            return None
+        holding = sorted((*self.decoding_left, *self.prefilling_left[: max(limit - self.decoding, 0)]))
+        return holding[needed - 1] if needed <= len(holding) else None
 
     @property
     def unfinished(self) -> int:
@@ -196,8 +253,11 @@ def predict(backlog: Backlog, prompt_tokens: int, rates: Rates, limit: int | Non
     prefill = max(backlog.prefilling_tokens - rates.partial_tokens, 0.0) / rate + own
     finishes = rates.finishes_per_second
     needed = backlog.unfinished - limit + 1 if limit is not None and backlog.unfinished >= limit else 0
-    expected = prefill if not needed or finishes is None else max(prefill, needed / finishes + own)
-    return Prediction(expected, prefill, own, needed, finishes)
+    step, tokens = rates.decode_seconds_per_token, backlog.slot_tokens(needed, limit or 0)
+    latest = None if step is None or tokens is None else tokens * step
+    waits = [wait for wait in (None if finishes is None else needed / finishes, latest) if wait is not None]
+    expected = prefill if not needed or not waits else max(prefill, min(waits) + own)
+    return Prediction(expected, prefill, own, needed, finishes, latest)
 
 
 def refuses(prediction: Prediction | None, budget_seconds: float, confidence: float = CONFIDENCE) -> bool:
@@ -208,6 +268,11 @@ def refuses(prediction: Prediction | None, budget_seconds: float, confidence: fl
     (Poisson) in the time its own prefill leaves it, as the queued-token cap's spread does (control/admission.py).
     Unknown rates: admitted."""
     if prediction is None:
+        return False
+    latest = prediction.slot_seconds
+    if prediction.slots_needed and latest is not None and latest + prediction.prefill_seconds <= budget_seconds:
+        # Its slot frees in time even if every request ahead runs to its max_tokens, and the prompts ahead, which
+        # take the slots that free before it, lengthen the steps until then by no more than their prefill.
         return False
     if not prediction.slots_needed or prediction.finishes_per_second is None:
         return prediction.prefill_seconds > budget_seconds
@@ -221,28 +286,36 @@ class Watch:
     """The API server's requests, sampled: what changed since the last look, into :class:`Rates`.
 
     The plugin cannot see the engine's steps; it sees its requests' states. Each :meth:`sample` takes every
-    unfinished request's (id -> prompt tokens, still in prefill); one in prefill at the last look and not now got
-    its first token (or was aborted: rare, and a prompt's worth of error), one gone has finished."""
+    unfinished request's :class:`Seen` by id; one in prefill at the last look and not now got its first token (or
+    was aborted: rare, and a prompt's worth of error), one gone has finished, and one decoding at both looks tells
+    how many tokens a request gets in that time."""
 
     def __init__(self, rates: Rates | None = None):
         self.rates = rates or Rates()
         self._limit: int | None = None
         self._at: float | None = None
         self._prefilling: dict[str, int] = {}
+        self._decoding: dict[str, int] = {}  # id -> output tokens so far
         self._unfinished: set[str] = set()
 
-    def sample(self, now: float, states: Mapping[str, tuple[int, bool]], limit: int | None = None) -> Backlog:
-        backlog = Backlog.of(states.values())
-        prefilling = {rid: prompt for rid, (prompt, in_prefill) in states.items() if in_prefill}
+    def sample(self, now: float, states: Mapping[str, Seen | tuple], limit: int | None = None) -> Backlog:
+        seen = {rid: Seen(*state) for rid, state in states.items()}
+        backlog = Backlog.of(seen.values())
+        prefilling = {rid: s.prompt_tokens for rid, s in seen.items() if s.in_prefill}
+        decoding = {rid: s.generated for rid, s in seen.items() if not s.in_prefill}
         if self._at is not None and now >= self._at:
             done = [prompt for rid, prompt in self._prefilling.items() if rid not in prefilling]
             finishes = sum(rid not in states for rid in self._unfinished)
             full = limit is not None and len(self._unfinished) >= limit
             # In prefill, but not prefilling, where every slot holds a request past its first token.
             busy = bool(self._prefilling) and (limit is None or len(self._unfinished) - len(self._prefilling) < limit)
+            both = [rid for rid in decoding if rid in self._decoding]
+            tokens = sum(max(decoding[rid] - self._decoding[rid], 0) for rid in both)
             self.rates.observe(now, now - self._at, busy=busy, full=full,
                                prefilled_tokens=sum(done), prefills=len(done), finishes=finishes,
                                in_prefill=(backlog.prefilling_tokens, backlog.prefilling),
-                               slots_added=max(0, (limit or 0) - (self._limit or limit or 0)))  # fmt: skip
+                               slots_added=max(0, (limit or 0) - (self._limit or limit or 0)),
+                               decoded=(tokens, len(both) * (now - self._at)))  # fmt: skip
         self._at, self._prefilling, self._unfinished, self._limit = now, prefilling, set(states), limit
+        self._decoding = decoding
         return backlog

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from batchlens.admin_api import AdmissionState
 from batchlens.control.signals import SAMPLES_READ
 from batchlens.goodput import Judgement, Outcome, Slo, judge
-from batchlens.predicted_ttft import Backlog
+from batchlens.predicted_ttft import Backlog, Seen
 from batchlens.queued_caps import PREDICTED_TTFT, refusal
 from batchlens.replay.policies import Policy, Signals, Static, oracle_limits
 from batchlens.replay.traces import TraceRequest
@@ -131,7 +131,8 @@ class Replica:
         """The per-request door's verdict, from what the API server has: each unfinished request's arrival, prompt
         and whether its first token came, and the rates learned from what it saw of the steps."""
         engine, policy = self.engine, self.policy
-        backlog = Backlog.of((r.prompt_tokens, r.first_token_at is None) for r in (*engine.running, *engine.waiting))
+        backlog = Backlog.of(Seen(r.prompt_tokens, r.first_token_at is None, r.generated, r.max_tokens)
+                             for r in (*engine.running, *engine.waiting))  # fmt: skip
         return policy.refuses(request.prompt_tokens, backlog, engine.max_num_active_seqs, self.now - request.arrival)
 
     def advance(self, until: float) -> None:
@@ -153,11 +154,12 @@ class Replica:
         now = self.now
         if self.predicts:  # what the API server sees of this step: first tokens and finishes
             first = [r.prompt_tokens for r in step.produced if r.generated == 1]
+            decoded = len(step.produced) - len(first)  # a token each, after a step's length since their last
             self.in_prefill[0] -= sum(first)
             self.in_prefill[1] -= len(first)
             policy.rates.observe(now, step.duration, busy=busy, full=full, prefilled_tokens=sum(first),
                                  prefills=len(first), finishes=len(step.finished), in_prefill=tuple(self.in_prefill),
-                                 slots_added=added)  # fmt: skip
+                                 slots_added=added, decoded=(decoded, decoded * step.duration))  # fmt: skip
         self.bad += sum(not outcome(r).good(self.slo) for r in step.finished)
         if self.metrics is not None:
             self.metrics.observe_step(step)

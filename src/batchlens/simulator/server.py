@@ -40,7 +40,7 @@ from batchlens.admin_api import (
 from batchlens.admin_auth import AdminAuth, own_pod
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import application, run_app
-from batchlens.predicted_ttft import Watch, predict, refuses
+from batchlens.predicted_ttft import Seen, Watch, predict, refuses
 from batchlens.queued_caps import (
     PREDICTED_TTFT,
     PREDICTED_TTFT_HEADER,
@@ -155,10 +155,11 @@ class Simulator:
                               prefill_tokens_per_second=self.prefill_rate,
                               learned_prefill_tokens_per_second=self.watch.rates.prefill_tokens_per_second)  # fmt: skip
 
-    def _states(self) -> dict[str, tuple[int, bool]]:
-        """What vLLM's API server has of each unfinished request: its prompt, and whether its first token came."""
-        requests = (*self._arrivals, *self.engine.waiting, *self.engine.running)
-        return {r.id: (r.prompt_tokens, r.first_token_at is None) for r in requests}
+    def _states(self) -> dict[str, Seen]:
+        """What vLLM's API server has of each unfinished request, oldest first: its prompt, whether its first token
+        came, its output so far and its max_tokens."""
+        requests = (*self.engine.running, *self.engine.waiting, *self._arrivals)
+        return {r.id: Seen(r.prompt_tokens, r.first_token_at is None, r.generated, r.max_tokens) for r in requests}
 
     def predicted(self, prompt_tokens: int) -> tuple[str | None, float | None]:
         """The plugin's per-request door (predicted_ttft.py): (PREDICTED_TTFT to refuse, its predicted TTFT)."""

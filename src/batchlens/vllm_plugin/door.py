@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter
 
+from batchlens.predicted_ttft import Seen
 from batchlens.queued_caps import MESSAGES, PREDICTED_TTFT
 
 _rejections: Counter | None = None
@@ -46,11 +47,19 @@ def predicted_rejections(engine_client: Any) -> Any:
     return counter.labels(served_model_name(engine_client), PREDICTED_TTFT)
 
 
-def request_states(engine_client: Any) -> dict[str, tuple[int, bool]]:
-    """Each unfinished request's (prompt tokens, still in prefill), from the API server's output processor: what
-    the per-request door learns from and judges by. Read between two awaits: its writer is on this loop."""
-    states = engine_client.output_processor.request_states
-    return {rid: (s.prompt_len or 0, bool(s.is_prefilling)) for rid, s in list(states.items())}
+def request_states(engine_client: Any) -> dict[str, Seen]:
+    """What the API server's output processor has of each unfinished request: what the per-request door learns
+    from and judges by. Read between two awaits: its writer is on this loop."""
+    return {rid: seen(s) for rid, s in list(engine_client.output_processor.request_states.items())}
+
+
+def seen(state: Any) -> Seen:
+    """One request's state as the door reads it. Its output tokens so far are in its stats, which vLLM keeps only
+    while it logs stats (the default; not with --disable-log-stats): without them, nor is when it ends known."""
+    generated = getattr(getattr(state, "stats", None), "num_generation_tokens", None)
+    max_tokens = getattr(state, "max_tokens_param", None) if isinstance(generated, int) else None
+    return Seen(state.prompt_len or 0, bool(state.is_prefilling), generated or 0,
+                max_tokens if isinstance(max_tokens, int) else None)  # fmt: skip
 
 
 def served_model_name(engine_client: Any) -> str:
