@@ -115,17 +115,20 @@ def test_the_watch_sees_first_tokens_and_finishes_in_the_request_states_it_sampl
     assert watch.rates._sums[0] == pytest.approx(before + 1.0)  # the second: 3 decoding on 3 slots, not busy
 
 
-def test_the_slot_frees_at_the_latest_when_the_requests_holding_them_reach_their_max_tokens() -> None:
+def test_a_slot_frees_at_the_latest_when_the_requests_ahead_reach_their_max_tokens() -> None:
     """Where the output processor knows each request's max_tokens and its output so far, the slots are held by the
-    decoding requests and the oldest prefilling ones, and the n-th frees at the latest when the one with the n-th
-    fewest tokens left reaches its max_tokens."""
+    decoding requests and the oldest prefilling ones, each to its max_tokens at the latest, and a request waiting
+    takes the first slot that frees, oldest first: a new one has its slot when every one ahead has had theirs."""
     states = [Seen(10, False, 90, 100), Seen(10, False, 0, 300), Seen(10, False, 50, 70), Seen(20, True, 0, 40),
               Seen(30, True, 0, 5)]  # fmt: skip
     backlog = Backlog.of(states)
     assert backlog.decoding_left == (10, 20, 300) and backlog.prefilling_left == (40, 5)
-    assert [backlog.slot_tokens(n, limit=4) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 300, None]  # the 5 s one waits
-    assert backlog.slot_tokens(1, limit=2) == 10  # the controller cut the limit below the decoding ones
-    assert Backlog.of([*states, Seen(5, True)]).slot_tokens(1, limit=4) is None  # one max_tokens unknown
+    assert backlog.slot_tokens(limit=6) == 0  # room now
+    assert backlog.slot_tokens(limit=5) == 5  # the 5-token one holds the fifth slot
+    assert backlog.slot_tokens(limit=4) == 15  # it waits for the 10-token one, then holds its slot for 5
+    # The controller cut the limit below the decoding ones: two must end before the 40-token one has a slot.
+    assert backlog.slot_tokens(limit=2) == 20 + 40 + 5
+    assert Backlog.of([*states, Seen(5, True)]).slot_tokens(limit=4) is None  # one max_tokens unknown
     assert Backlog.of([(10, False), (20, True)]).decoding_left is None
 
 
@@ -143,17 +146,18 @@ def test_the_decode_step_is_learned_from_steps_with_no_prompt_in_them() -> None:
 def test_a_request_whose_slot_frees_in_time_at_the_latest_is_admitted_whatever_the_finishes_say() -> None:
     rates, now = learned()  # 1000 prompt tokens a second, no step
     rates.observe(now + 2, 2.0, busy=False, full=True, finishes=1, decoded=(400, 20.0))  # 0.05 s a token
-    # 4 decoding on 4 slots with 10, 20, 30 and 300 tokens left, 2 prompts of 100 waiting: the third frees at the
-    # latest in 30 x 0.05 = 1.5 s, where one finish in 2 s says it would come in 6 s.
+    # 4 decoding on 4 slots with 10, 20, 30 and 300 tokens left, 2 prompts of 100 waiting for 9 tokens each: its
+    # slot frees at the latest in 20 x 0.05 = 1 s (the 10-token one's slot twice, then the 20-token one's), where
+    # one finish in 2 s says 3 finishes come in 6 s.
     backlog = Backlog.of([*(Seen(10, False, 0, n) for n in (10, 20, 30, 300)), Seen(100, True, 0, 9),
                           Seen(100, True, 0, 9)])  # fmt: skip
     prediction = predict(backlog, 100, rates, limit=4)
-    assert prediction.slots_needed == 3 and prediction.slot_seconds == pytest.approx(1.5)
-    assert prediction.ttft_seconds == pytest.approx(1.5 + 0.1)
+    assert prediction.slots_needed == 3 and prediction.slot_seconds == pytest.approx(1.0)
+    assert prediction.ttft_seconds == pytest.approx(1.0 + 0.1)
     assert prediction.prefill_seconds == pytest.approx(0.3)
-    assert not refuses(prediction, 1.8)  # 1.5 s and the prompts ahead and its own: 1.8 s
-    assert refuses(prediction, 1.79)  # past it, only the finishes judge, and they say 6 s
-    assert refuses(replace(prediction, slot_seconds=None), 1.8)
+    assert not refuses(prediction, 1.3)  # 1 s, and the prompts ahead and its own: 1.3 s
+    assert refuses(prediction, 1.29)  # past it, only the finishes judge, and they say 6 s
+    assert refuses(replace(prediction, slot_seconds=None), 1.3)
 
 
 def test_the_watch_learns_the_decode_step_from_the_output_of_requests_decoding_at_both_looks() -> None:

@@ -24,6 +24,7 @@ door knows nothing, and refuses nothing (it fails open, as the cap does).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -229,13 +230,24 @@ class Backlog:
         return cls(tokens, prefilling, decoding, tuple(sorted(decoding_left)) if known else None,
                    tuple(prefilling_left) if known else None)  # fmt: skip
 
-    def slot_tokens(self, needed: int, limit: int) -> int | None:
-        """Output tokens until the ``needed``-th slot frees at the latest: the slots are held by every decoding
-        request and the oldest prefilling ones; None: not known, or more finishes than there are slots."""
-        if self.decoding_left is None or self.prefilling_left is None or needed < 1:
+    def slot_tokens(self, limit: int) -> int | None:
+        """Output tokens (decode steps) until a request arriving now has a slot at the latest: the slots are held by
+        every decoding request and the oldest prefilling ones, each until its max_tokens; as one frees, the oldest
+        request waiting takes it (and holds it to its own max_tokens) while fewer than ``limit`` run. 0: room now;
+        None: not known."""
+        if self.decoding_left is None or self.prefilling_left is None or limit < 1:
             return None
-        holding = sorted((*self.decoding_left, *self.prefilling_left[: max(limit - self.decoding, 0)]))
-        return holding[needed - 1] if needed <= len(holding) else None
+        holding = max(limit - self.decoding, 0)
+        running = [*self.decoding_left, *self.prefilling_left[:holding]]
+        waiting = deque(self.prefilling_left[holding:])
+        heapq.heapify(running)
+        now = 0
+        while len(running) >= limit or waiting:
+            if len(running) < limit:
+                heapq.heappush(running, now + waiting.popleft())
+                continue
+            now = heapq.heappop(running)
+        return now
 
     @property
     def unfinished(self) -> int:
@@ -253,7 +265,7 @@ def predict(backlog: Backlog, prompt_tokens: int, rates: Rates, limit: int | Non
     prefill = max(backlog.prefilling_tokens - rates.partial_tokens, 0.0) / rate + own
     finishes = rates.finishes_per_second
     needed = backlog.unfinished - limit + 1 if limit is not None and backlog.unfinished >= limit else 0
-    step, tokens = rates.decode_seconds_per_token, backlog.slot_tokens(needed, limit or 0)
+    step, tokens = rates.decode_seconds_per_token, backlog.slot_tokens(limit) if needed else None
     latest = None if step is None or tokens is None else tokens * step
     waits = [wait for wait in (None if finishes is None else needed / finishes, latest) if wait is not None]
     expected = prefill if not needed or not waits else max(prefill, min(waits) + own)
@@ -278,7 +290,7 @@ def refuses(prediction: Prediction | None, budget_seconds: float, confidence: fl
         return prediction.prefill_seconds > budget_seconds
     # Waiting for a slot, the prompts ahead are waiting for theirs too: the prefill rate of such a time is the rate
     # slots free, and only the finishes say when its own comes.
-    left = budget_seconds - prediction.own_seconds
+    left = budget_seconds - prediction.prefill_seconds
     return left <= 0 or prediction.slots_needed > poisson_quantile(prediction.finishes_per_second * left, confidence)
 
 
