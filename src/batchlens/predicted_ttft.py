@@ -37,11 +37,12 @@ from batchlens.quantiles import poisson_quantile
 HORIZON_SECONDS = 30.0
 #: Fewer first tokens than this in the horizon: no prefill rate (the door is open).
 MIN_PREFILLS = 8
-#: How sure the door must be that a request waiting for a slot would miss before it refuses it. Lower than the
-#: cap's 0.95: at 0.9 or 0.95 the door let in, past the conversation trace's cliff, requests that then missed and
-#: held slots that others could have used (1.66 good requests/s at x1.2 where the cap alone served 2.43); at 0.8
-#: it served 2.28 with 1.9% of its sheds false, at 0.5 3.61 with 12.5% (docs/admission.md).
-CONFIDENCE = 0.8
+#: How sure the door must be that a request waiting for a slot would miss before it refuses it, where the latest
+#: its slot frees does not already admit it. On benchmarks/controller.py's 15 runs and the 4 near-cliff ones, 0.8
+#: refused the ramp's marginal requests (5.9% of its sheds false on the article's profile), 0.9 let in requests
+#: that then missed (5.2% false on the published ramp, and 1.95 good requests/s where 0.85 served 2.23 past the
+#: conversation trace's cliff); 0.85 kept every run under 5% (docs/admission.md).
+CONFIDENCE = 0.85
 #: How quickly the learned time a decode step takes follows the batch (seconds): the step lengthens as a burst fills
 #: the batch, within seconds, where the rates above look back half a minute.
 DECODE_TIME_CONSTANT = 2.0
