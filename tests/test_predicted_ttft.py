@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import replace
 
@@ -198,3 +199,56 @@ def test_a_body_that_is_not_json_is_not_judged() -> None:
     assert prompt_tokens(b"{not json") is None
     assert prompt_tokens(b"\xff\xfe") is None
     assert prompt_tokens(b"[" * 100_000) is None  # too deep to read: no crash
+
+
+def test_what_the_rates_saw_is_forgotten_past_the_horizon() -> None:
+    rates = Rates(min_prefills=1)
+    rates.observe(2.0, 1.0, busy=True, full=False, prefilled_tokens=100, prefills=1, in_prefill=(0, 0))
+    rates.observe(32.0, 0.0, busy=False, full=False)  # 30 s on: kept
+    assert rates.prefill_tokens_per_second == 100 and len(rates._lone) == 1
+    rates.observe(32.5, 0.5, busy=False, full=True)  # and a full batch with no finish tells of none
+    assert rates.prefill_tokens_per_second is None and not rates._lone and rates.finishes_per_second is None
+
+
+def test_the_prediction_takes_what_is_done_off_the_backlog_and_counts_a_batch_just_full() -> None:
+    rates, now = learned()
+    rates.observe(now + 0.5, 0.5, busy=True, full=False, in_prefill=(2000, 2))
+    rate, done = rates.prefill_tokens_per_second, rates.partial_tokens
+    assert done > 0
+    prediction = predict(Backlog(2000, 2, 2), 100, rates, limit=5)
+    assert prediction.prefill_seconds == pytest.approx((2000 - done) / rate + prediction.own_seconds)
+    assert prediction.slots_needed == 0
+    assert predict(Backlog(2000, 2, 2), 100, rates, limit=4).slots_needed == 1  # 4 unfinished on 4 slots
+    assert prediction.slot_seconds is None  # no decode step learned: no latest either
+    assert refuses(Prediction(1.0, 1.0, 0.2, 0, 2.0), 0.99)  # room in the batch: the prefill judges
+
+
+def test_the_decode_step_follows_the_batch_within_its_time_constant() -> None:
+    rates = Rates()
+    rates.observe(1.0, 1.0, busy=False, full=True, decoded=(200, 10.0))
+    rates.observe(3.0, 2.0, busy=False, full=True, decoded=(100, 20.0))  # 2 s later: the first weighs e^-1
+    decay = math.exp(-2.0 / 2.0)
+    assert rates.decode_seconds_per_token == pytest.approx((10 * decay + 20) / (200 * decay + 100))
+
+
+def test_the_latest_needs_every_request_known_and_a_limit() -> None:
+    assert Backlog(0, 0, 1, (5,), None).slot_tokens(limit=2) is None
+    assert Backlog(0, 1, 1, (5,), (7,)).slot_tokens(limit=1) == 5 + 7
+    assert Backlog(0, 1, 1, (5,), (7,)).slot_tokens(limit=0) is None
+    assert Backlog.of([Seen(10, False), Seen(20, True, 0, 5)]).slot_tokens(limit=1) is None  # a decoding one unknown
+
+
+def test_the_watch_counts_a_limit_raised_as_slots_freed_and_what_is_done_of_the_prompts_in_prefill() -> None:
+    watch = Watch()
+    decoding = {f"d{i}": Seen(10, False, 1, 100) for i in range(6)}
+    watch.sample(0.0, decoding, limit=3)
+    watch.sample(1.0, decoding, limit=5)  # still full, no finish: the two slots the controller added free as two
+    assert watch.rates.finishes_per_second == pytest.approx(2.0)
+    watch = Watch(learned()[0])
+    watch.sample(0.0, {"a": Seen(1000, True)})
+    watch.sample(0.5, {"a": Seen(1000, True)})
+    assert watch.rates.partial_tokens == pytest.approx(0.5 * watch.rates.prefill_tokens_per_second)
+
+
+def test_a_slot_test_with_less_than_a_second_left_still_counts_the_finishes() -> None:
+    assert not refuses(Prediction(0.2, 0.2, 0.1, 1, 10.0), 0.7)  # 0.5 s left, 5 finishes expected in it
