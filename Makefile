@@ -84,7 +84,7 @@ mutants: $(BIN)/batchlens  ## mutation testing of the pure modules ([tool.mutmut
 test-fast: $(BIN)/batchlens  ## the fast tests: no vLLM, no Prometheus, no fault runs
 	$(BIN)/pytest -m "not e2e and not vllm and not slow and not matrix" -p no:cacheprovider
 
-bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM, the exporter's memory at 8 engines, the hook's tick at 16, 64 and 256 engines
+bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost, simulator and replay speed, the load generator's memory, what routing is worth and what the proxy costs, the controller on real vLLM, the door's prediction and its prompt estimate, the exporter's memory at 8 engines, the hook's tick at 16, 64 and 256 engines
 	$(BIN)/python benchmarks/parse.py tests/data/releases/*.prom
 	$(BIN)/python benchmarks/nvml.py
 	$(BIN)/python benchmarks/simulator.py
@@ -97,6 +97,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/proxy_cost.py
 	$(BIN)/python benchmarks/control_vllm.py
 	$(BIN)/python benchmarks/predicted_ttft.py
+	$(BIN)/python benchmarks/prompt_estimate.py
 	$(BIN)/python benchmarks/memory.py --engines 8 --interval 1 --minutes 3
 	$(BIN)/python benchmarks/hook_fleet.py
 

@@ -177,6 +177,8 @@ def test_the_watch_learns_the_decode_step_from_the_output_of_requests_decoding_a
     [
         ({"prompt": "x" * 400}, 100),
         ({"prompt": "abc"}, 1),
+        ({"prompt": "批处理大小"}, 5),  # a token a Chinese character, not 4 characters a token
+        ({"prompt": "batch 批处理"}, 2 + 3),
         ({"prompt": [1, 2, 3]}, 3),
         ({"prompt": ["x" * 40, [1, 2]]}, 12),
         ({"messages": [{"role": "user", "content": "x" * 80}, {"role": "system", "content": None}]}, 20 + 8),

@@ -2,9 +2,11 @@
 
 The per-request door (predicted_ttft.py) judges a request before vLLM tokenizes it: tokenizing it twice
 would double that work on vLLM's serving path. Token ids (``prompt`` as a list of integers) count exactly; text
-counts at CHARS_PER_TOKEN characters a token, the rule of thumb for English on the BPE tokenizers of the models
-served, and each chat message adds its template's few tokens. docs/admission.md measures what that costs the
-prediction on a real vLLM.
+counts at CHARS_PER_TOKEN ASCII characters a token, the rule of thumb for English and code on the BPE tokenizers
+of the models served, and a token for every other character: a Chinese character is about one token on them
+(where a Chinese prompt counted at 4 characters a token came to a third of its tokens); and each chat message
+adds its template's few tokens. docs/admission.md measures the estimate against real tokenizers and what it
+costs the prediction on a real vLLM.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ MESSAGE_OVERHEAD_TOKENS = 4
 
 
 def _text_tokens(text: str) -> int:
-    return -(-len(text) // CHARS_PER_TOKEN)
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return -(-ascii_chars // CHARS_PER_TOKEN) + len(text) - ascii_chars
 
 
 def _prompt(prompt: Any) -> int | None:
