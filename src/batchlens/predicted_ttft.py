@@ -268,8 +268,9 @@ def predict(backlog: Backlog, prompt_tokens: int, rates: Rates, limit: int | Non
     needed = backlog.unfinished - limit + 1 if limit is not None and backlog.unfinished >= limit else 0
     step, tokens = rates.decode_seconds_per_token, backlog.slot_tokens(limit) if needed else None
     latest = None if step is None or tokens is None else tokens * step
-    waits = [wait for wait in (None if finishes is None else needed / finishes, latest) if wait is not None]
-    expected = prefill if not needed or not waits else max(prefill, min(waits) + own)
+    # The expected slot is the finishes' (the latest is a bound: requests that stop early free their slots sooner).
+    wait = needed / finishes if finishes is not None else None if latest is None else latest + prefill - own
+    expected = prefill if not needed or wait is None else max(prefill, wait + own)
     return Prediction(expected, prefill, own, needed, finishes, latest)
 
 
