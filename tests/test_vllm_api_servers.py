@@ -127,6 +127,25 @@ def test_a_request_cap_holds_over_every_api_server_and_each_scrape_counts_it(ser
         assert (vllm_refusals - before[0], door_refusals - before[1], arrivals - before[2]) == (refused, refused, 16)
 
 
+def test_the_per_request_door_judges_on_every_api_server(served: Served) -> None:
+    """One PUT of the door's bound reaches every API server; each learns its rates from its own requests (8 first
+    tokens: 40 requests leave either with fewer one time in 10^5), and then, at a bound no request can meet,
+    neither lets one through, and each refusal is counted once, whichever process is scraped."""
+    admin, server = served.admin, served.server
+    before = door_counts(server)[0]
+    set_caps(admin, max_predicted_ttft_seconds=3600)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert set(pool.map(lambda _: server.status(32, 4), range(40))) == {200}
+        set_caps(admin, max_predicted_ttft_seconds=0.001)
+        statuses = [server.status(32, 4) for _ in range(16)]
+    finally:
+        set_caps(admin, max_predicted_ttft_seconds=None)
+    assert statuses == [503] * 16, statuses
+    for vllm_refusals, door_refusals, arrivals in door_counts(server):
+        assert (vllm_refusals - before[0], door_refusals - before[1], arrivals - before[2]) == (16, 16, 56)
+
+
 def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(served: Served) -> None:
     """One running request per engine core holds the batch (limit 1); then 100-token prompts one at a time: with
     a cap of 250 queued prompt tokens, the server takes 3 (0, 100, 200 queued before each) and refuses the rest,
