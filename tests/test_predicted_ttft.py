@@ -254,3 +254,30 @@ def test_the_watch_counts_a_limit_raised_as_slots_freed_and_what_is_done_of_the_
 
 def test_a_slot_test_with_less_than_a_second_left_still_counts_the_finishes() -> None:
     assert not refuses(Prediction(0.2, 0.2, 0.1, 1, 10.0), 0.7)  # 0.5 s left, 5 finishes expected in it
+
+
+def test_a_lone_prompt_is_measured_over_its_whole_busy_period_and_two_prompts_are_not_alone() -> None:
+    rates = Rates(min_prefills=1)
+    rates.observe(0.2, 0.2, busy=True, full=False, in_prefill=(300, 1))  # one prompt, over two looks
+    rates.observe(0.5, 0.3, busy=True, full=False, prefilled_tokens=300, prefills=1, in_prefill=(0, 0))
+    assert list(rates._lone) == [(0.5, 300, pytest.approx(0.5))]
+    rates.observe(1.0, 0.5, busy=True, full=False, prefilled_tokens=600, prefills=2, in_prefill=(0, 0))
+    rates.observe(1.5, 0.0, busy=False, full=False, prefilled_tokens=100, prefills=1, in_prefill=(0, 0))
+    assert len(rates._lone) == 1  # two prompts in one period, and a first token with no time in prefill seen
+
+
+def test_the_watch_counts_the_tokens_of_each_look_over_its_time_and_a_stalled_request_gets_none() -> None:
+    watch = Watch()
+    watch.sample(0.0, {"a": Seen(10, False, 0, 100), "b": Seen(10, False, 7, 100)})
+    watch.sample(0.5, {"a": Seen(10, False, 10, 100), "b": Seen(10, False, 7, 100)})  # b got nothing
+    assert watch.rates.decode_seconds_per_token == pytest.approx(2 * 0.5 / 10)
+
+
+def test_the_latest_is_only_said_where_a_slot_is_waited_for_and_the_decode_step_is_known() -> None:
+    rates, now = learned()  # no decode step seen
+    full = Backlog.of([Seen(10, False, 0, 5), Seen(10, False, 0, 6), Seen(20, True, 0, 9)])
+    assert predict(full, 100, rates, limit=2).slot_seconds is None
+    rates.observe(now + 1, 1.0, busy=False, full=False, decoded=(10, 1.0))
+    assert predict(full, 100, rates, limit=2).slot_seconds == pytest.approx(0.1 * 6)  # the 9-token one took the first
+    assert predict(full, 100, rates, limit=4).slot_seconds is None  # room: no slot to wait for
+    assert not refuses(Prediction(1.0, 1.0, 0.2, 0, 2.0), 1.0)  # room, the finishes known: the prefill judges
