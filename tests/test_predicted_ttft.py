@@ -210,6 +210,7 @@ def test_what_the_rates_saw_is_forgotten_past_the_horizon() -> None:
     assert rates.prefill_tokens_per_second == 100 and len(rates._lone) == 1
     rates.observe(32.5, 0.5, busy=False, full=True)  # and a full batch with no finish tells of none
     assert rates.prefill_tokens_per_second is None and not rates._lone and rates.finishes_per_second is None
+    assert rates._sums == [0, 0.5, 0, 0, 0]  # what was forgotten is taken off once; the full half second stays
 
 
 def test_the_prediction_takes_what_is_done_off_the_backlog_and_counts_a_batch_just_full() -> None:
@@ -279,5 +280,7 @@ def test_the_latest_is_only_said_where_a_slot_is_waited_for_and_the_decode_step_
     assert predict(full, 100, rates, limit=2).slot_seconds is None
     rates.observe(now + 1, 1.0, busy=False, full=False, decoded=(10, 1.0))
     assert predict(full, 100, rates, limit=2).slot_seconds == pytest.approx(0.1 * 6)  # the 9-token one took the first
+    waiting = predict(full, 100, rates, limit=2)  # no finish seen yet: the latest is all it has to expect by
+    assert waiting.ttft_seconds == pytest.approx(0.6 + waiting.prefill_seconds)
     assert predict(full, 100, rates, limit=4).slot_seconds is None  # room: no slot to wait for
     assert not refuses(Prediction(1.0, 1.0, 0.2, 0, 2.0), 1.0)  # room, the finishes known: the prefill judges
