@@ -215,20 +215,18 @@ class Backlog:
     @classmethod
     def of(cls, states: Iterable[Seen | tuple]) -> Backlog:
         """From each unfinished request's :class:`Seen` (or its first fields), in arrival order."""
-        tokens = prefilling = decoding = 0
-        decoding_left: list[int] | None = []
-        prefilling_left: list[int] | None = []
+        tokens = 0
+        decoding_left: list[int | None] = []
+        prefilling_left: list[int | None] = []
         for state in states:
             seen = Seen(*state)
-            left = seen.tokens_left
             if seen.in_prefill:
-                tokens, prefilling = tokens + seen.prompt_tokens, prefilling + 1
-                prefilling_left = None if left is None or prefilling_left is None else [*prefilling_left, left]
+                tokens += seen.prompt_tokens
+                prefilling_left.append(seen.tokens_left)
             else:
-                decoding += 1
-                decoding_left = None if left is None or decoding_left is None else [*decoding_left, left]
-        known = decoding_left is not None and prefilling_left is not None
-        return cls(tokens, prefilling, decoding, tuple(sorted(decoding_left)) if known else None,
+                decoding_left.append(seen.tokens_left)
+        known = None not in decoding_left and None not in prefilling_left
+        return cls(tokens, len(prefilling_left), len(decoding_left), tuple(sorted(decoding_left)) if known else None,
                    tuple(prefilling_left) if known else None)  # fmt: skip
 
     def slot_tokens(self, limit: int) -> int | None:
