@@ -635,7 +635,7 @@ def test_with_admission_predict_the_controller_puts_the_per_request_door_in_fron
     engine = EngineAdmin(sim.url, sim.token)
     caps = {}
     for predict in (False, True):
-        control = {"enabled": True, "admission": True, "admission_predict": predict}
+        control = {"enabled": True, "admission": True, "admission_predict": predict, "admission_predict_margin": 0.25}
         config = Config.model_validate({"engines": [{"name": "sim", "url": sim.url}], "control": control,
                                         "slo": {"ttft_seconds": 2.0}})  # fmt: skip
         c = Controller(config, Store(tmp_path / f"hook-{predict}.db"), admins={}, clock=lambda: 0)

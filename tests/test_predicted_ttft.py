@@ -10,7 +10,17 @@ from dataclasses import replace
 
 import pytest
 
-from batchlens.predicted_ttft import MIN_PREFILLS, Backlog, Prediction, Rates, Seen, Watch, predict, refuses
+from batchlens.predicted_ttft import (
+    MIN_PREFILLS,
+    SLOT_MARGIN,
+    Backlog,
+    Prediction,
+    Rates,
+    Seen,
+    Watch,
+    predict,
+    refuses,
+)
 from batchlens.prompt_size import prompt_tokens
 from batchlens.quantiles import poisson_quantile
 
@@ -73,12 +83,14 @@ def test_a_request_past_the_batch_limit_waits_for_finishes_which_count_only_whil
 
 def test_the_door_refuses_only_past_the_budget_and_a_slot_only_past_the_quantile_of_the_finishes() -> None:
     prefill = Prediction(1.0, 1.0, 0.2, 0, None)
-    assert refuses(prefill, 0.99) and not refuses(prefill, 1.0)
-    # 5 finishes needed, 2 a second, 2 s budget less 0.2 s of its own prefill: Poisson(3.6)'s 0.9 quantile is 6.
-    assert poisson_quantile(3.6, 0.9) == 6
-    assert not refuses(Prediction(2.7, 0.2, 0.2, 6, 2.0), 2.0, confidence=0.9)  # expected 3.2 s, yet it may make it
-    assert refuses(Prediction(3.7, 0.2, 0.2, 7, 2.0), 2.0, confidence=0.9)
-    assert refuses(Prediction(0.3, 0.3, 0.3, 1, 2.0), 0.25)  # its own prefill alone is past the budget
+    assert refuses(prefill, 0.99) and not refuses(prefill, 1.0)  # a prefill's own bound: no margin over it
+    # A slot wait is judged against the budget and SLOT_MARGIN of it more: 1.6 s -> 2 s. 5 finishes needed, 2 a
+    # second, 2 s less 0.2 s of its own prefill: Poisson(3.6)'s 0.9 quantile is 6.
+    assert SLOT_MARGIN == 0.25 and poisson_quantile(3.6, 0.9) == 6
+    assert not refuses(Prediction(2.7, 0.2, 0.2, 6, 2.0), 1.6, confidence=0.9)  # expected 3.2 s, yet it may make it
+    assert refuses(Prediction(3.7, 0.2, 0.2, 7, 2.0), 1.6, confidence=0.9)
+    assert refuses(Prediction(0.3, 0.3, 0.3, 1, 2.0), 0.2)  # its own prefill alone is past the budget and margin
+    assert not refuses(Prediction(0.3, 0.3, 0.3, 0, None), 0.3)
 
 
 def test_a_request_the_slot_test_refuses_would_have_missed_nine_times_in_ten_or_more() -> None:
@@ -88,7 +100,7 @@ def test_a_request_the_slot_test_refuses_would_have_missed_nine_times_in_ten_or_
     made = refused = 0
     for needed in range(1, 15):
         prediction = Prediction(needed / rate, 0.0, 0.0, needed, rate)
-        if not refuses(prediction, budget, confidence):
+        if not refuses(prediction, budget / (1 + SLOT_MARGIN), confidence):  # judged at the budget, margin and all
             continue
         for _ in range(400):
             refused += 1
@@ -156,9 +168,10 @@ def test_a_request_whose_slot_frees_in_time_at_the_latest_is_admitted_whatever_t
     assert prediction.slots_needed == 3 and prediction.slot_seconds == pytest.approx(1.0)
     assert prediction.ttft_seconds == pytest.approx(3 / 0.5 + 0.1)  # expected: the finishes' (the latest is a bound)
     assert prediction.prefill_seconds == pytest.approx(0.3)
-    assert not refuses(prediction, 1.3)  # 1 s, and the prompts ahead and its own: 1.3 s
-    assert refuses(prediction, 1.29)  # past it, only the finishes judge, and they say 6 s
-    assert refuses(replace(prediction, slot_seconds=None), 1.3)
+    at = 1.3 / (1 + SLOT_MARGIN)  # the budget that, with the slot wait's margin, is 1.3 s
+    assert not refuses(prediction, at)  # 1 s, and the prompts ahead and its own: 1.3 s
+    assert refuses(prediction, at - 0.01)  # past it, only the finishes judge, and they say 6 s
+    assert refuses(replace(prediction, slot_seconds=None), at)
 
 
 def test_the_watch_learns_the_decode_step_from_the_output_of_requests_decoding_at_both_looks() -> None:

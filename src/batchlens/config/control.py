@@ -43,8 +43,8 @@ class Control(Section):
         "(docs/admission.md, the per-request door; needs control.admission)",
     )  # fmt: skip
     admission_predict_margin: float = Field(
-        0.25, ge=0, le=10, description="a request is refused only where its predicted TTFT passes slo.ttft_seconds "
-        "by more than this share of it",
+        0.0, ge=0, le=10, description="a request is refused only where its predicted TTFT passes slo.ttft_seconds "
+        "by more than this share of it (one waiting for a slot, by predicted_ttft.SLOT_MARGIN more)",
     )  # fmt: skip
     admission_min_windows: int = Field(3, ge=1, description="saturated windows before a cap is set; fewer: no cap")
     admission_stale_seconds: float = Field(
