@@ -282,10 +282,9 @@ def refuses(prediction: Prediction | None, budget_seconds: float, confidence: fl
     """Whether the door refuses: only a request that would miss ``budget_seconds`` (its TTFT and the margin over
     it, less what it has waited; a slot wait, SLOT_MARGIN of it more) with ``confidence``. The prefill ahead
     drains at a steady rate, and its estimate is close (docs/admission.md measures it); a slot comes as running
-    requests finish, which they do at random:
-    the request is refused only where the finishes it needs pass the ``confidence`` quantile of how many come
-    (Poisson) in the time its own prefill leaves it, as the queued-token cap's spread does (control/admission.py).
-    Unknown rates: admitted."""
+    requests finish, which they do at random: the request is refused only where the finishes it needs pass the
+    ``confidence`` quantile of how many come (Poisson) in the time the prefill ahead and its own leave it, as the
+    queued-token cap's spread does (control/admission.py). Unknown rates: admitted."""
     if prediction is None:
         return False
     if prediction.slots_needed:
