@@ -92,6 +92,7 @@ bench: $(BIN)/batchlens vllm-env litellm-env  ## benchmarks: parsing, NVML cost,
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/controller.py
 	$(BIN)/python benchmarks/fixed_cap.py
+	$(BIN)/python benchmarks/queued_refusal.py
 	$(BIN)/python benchmarks/demo_regime.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/proxy_cost.py

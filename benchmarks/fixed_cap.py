@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from batchlens.replay.policies import Static
 from batchlens.replay.simulated import replay
+from batchlens.replay.traces import TraceRequest
 from controller import CAPACITY, PROFILES, SLO, ceiling, engine_of, workloads
 
 FALSE_BOUND = 0.05  # the issue's bound on the share of false sheds
@@ -35,23 +36,36 @@ class CappedStatic(Static):
     queued_token_cap: int | None = None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def load_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The load and the static limit to try it on (:func:`chosen_trace` reads them)."""
     parser.add_argument("--profile", choices=sorted(PROFILES), default="published")
     parser.add_argument("--workload", default="bursty", help="one of benchmarks/controller.py's (default: bursty)")
     parser.add_argument("--limit", type=int, default=192, help="the static limit (default: the best on the default)")
-    parser.add_argument("--cap", type=int, action="append", metavar="TOKENS",
-                        help="a cap to try (default: 16000, 8000, 6000, 5000, 4000)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
+    return parser
+
+
+def chosen_trace(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[TraceRequest]:
+    """The workload :func:`load_arguments` named; a usage error for one that does not exist, or a limit past the
+    engine's slots."""
     _, _, rate = PROFILES[args.profile]
     loads = workloads(args.seconds, args.seed, rate)
     if args.workload not in loads:
         parser.error(f"--workload: one of {', '.join(loads)}, got {args.workload!r}")
-    if not 1 <= args.limit <= CAPACITY or any(cap < 1 for cap in args.cap or ()):
-        parser.error(f"--limit takes 1 to the engine's {CAPACITY} slots, and --cap a positive number of tokens")
-    trace = loads[args.workload]
+    if not 1 <= args.limit <= CAPACITY:
+        parser.error(f"--limit takes 1 to the engine's {CAPACITY} slots, got {args.limit}")
+    return loads[args.workload]
+
+
+def main() -> None:
+    parser = load_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--cap", type=int, action="append", metavar="TOKENS",
+                        help="a cap to try (default: 16000, 8000, 6000, 5000, 4000)")  # fmt: skip
+    args = parser.parse_args()
+    if any(cap < 1 for cap in args.cap or ()):
+        parser.error("--cap takes a positive number of tokens")
+    trace = chosen_trace(parser, args)
 
     def run(cap: int | None):
         return replay(trace, engine_of(args.profile), CappedStatic(args.limit, queued_token_cap=cap), SLO)

@@ -57,11 +57,14 @@ def replay(
     max_model_len: int = 8192,
     tick: float = 1.0,
     on_progress: Callable[[float], None] = lambda _t: None,
+    replica_type: type[Replica] | None = None,
 ) -> Run:
-    """Replay ``trace`` on ``engine`` under ``policy``; ``on_progress`` gets the simulated time each tick."""
+    """Replay ``trace`` on ``engine`` under ``policy``; ``on_progress`` gets the simulated time each tick.
+    ``replica_type``: a :class:`Replica` that does more at its door (benchmarks/queued_refusal.py's)."""
     if not trace:
         raise ValueError("an empty trace: nothing to replay")
-    replica = Replica(engine, policy, slo, max_model_len=max_model_len, tick=tick, on_progress=on_progress)
+    replica = (replica_type or Replica)(engine, policy, slo, max_model_len=max_model_len, tick=tick,
+                                        on_progress=on_progress)  # fmt: skip
     requests = [SimRequest(str(i), r.prompt_tokens, r.output_tokens, r.t) for i, r in enumerate(trace)]
     for index, request in enumerate(requests):
         replica.advance(request.arrival)
@@ -233,6 +236,15 @@ def would_have_been_good(
     are (for the few seconds until it finishes), ``horizon`` simulated seconds at most."""
     shadow = copy.deepcopy(engine)
     shadow.add(mine := _unserved(request))
+    return served_in_time(shadow, mine, later, now, cap, slo, max_model_len, horizon)
+
+
+def served_in_time(
+    shadow: Engine, mine: SimRequest, later: Sequence[SimRequest], now: float, cap: int | None, slo: Slo,
+    max_model_len: int, horizon: float = 600.0,
+) -> bool:  # fmt: skip
+    """Whether ``mine``, queued on ``shadow`` (an engine of no further use), meets the SLO as ``shadow`` runs on
+    from ``now`` with the ``later`` arrivals through the cap, ``horizon`` simulated seconds at most."""
     index, t = 0, now
     while mine.finished_at is None and t - now < horizon:
         while index < len(later) and later[index].arrival <= t:
