@@ -27,10 +27,11 @@ share, and the queued requests refused with theirs.
 from __future__ import annotations
 
 import argparse
+import bisect
 import copy
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from functools import partial
 
 from batchlens.config import Control
 from batchlens.control.steering import door_settings
@@ -44,17 +45,17 @@ from fixed_cap import chosen_trace, load_arguments
 
 class Rejudging(Replica):
     """A replica whose door also refuses, before each step, the waiting requests that would now miss their TTFT
-    (by the engine's exact look-ahead), and counts those refusals and how many of them were false."""
+    (by the engine's exact look-ahead), and counts those refusals and how many of them were false. ``trace``: the
+    arrivals, for the counterfactual's later ones."""
 
-    trace: ClassVar[Sequence[TraceRequest]] = ()  # the arrivals, for the counterfactual's later ones (main sets it)
+    def __init__(self, *args, trace: Sequence[TraceRequest], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.arrivals = [SimRequest(f"later-{i}", t.prompt_tokens, t.output_tokens, t.t) for i, t in enumerate(trace)]
+        self.refused_queued, self.refused_queued_false = 0, 0
 
     def look_ahead(self, engine: Engine, now: float) -> dict[str, float] | None:
         """When each request in prefill gets its first token, by id (one missing: never); None: not known."""
         return first_tokens(engine, now)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.refused_queued, self.refused_queued_false = 0, 0
 
     def step(self) -> None:
         self._rejudge()
@@ -80,8 +81,7 @@ class Rejudging(Replica):
             if not late:
                 return
             request = min(late, key=lambda r: r.arrival)
-            later = [SimRequest(f"later-{i}", t.prompt_tokens, t.output_tokens, t.t)
-                     for i, t in enumerate(self.trace) if t.t > self.now]  # fmt: skip
+            later = self.arrivals[bisect.bisect_right(self.arrivals, self.now, key=lambda r: r.arrival) :]
             shadow = copy.deepcopy(engine)
             mine = next(r for r in shadow.waiting if r.id == request.id)
             self.refused_queued_false += served_in_time(shadow, mine, later, self.now, cap_of(self.policy), slo,
@@ -109,16 +109,15 @@ class Estimating(Rejudging):
             left[0][1] = max(left[0][1] - self.policy.rates.partial_tokens, 1)
         got, t = {}, now
         while left and budget > 0:
-            room, tokens = budget, 0
+            room, done = budget, []
             while left and room > 0:
                 take = min(left[0][1], room)
                 left[0][1] -= take
                 room -= take
-                tokens += take
                 if left[0][1] <= 0:
-                    got[left.pop(0)[0]] = None
-            t += step + per_token * tokens
-            got.update((rid, t) for rid, at in got.items() if at is None)
+                    done.append(left.pop(0)[0])
+            t += step + per_token * (budget - room)
+            got.update(dict.fromkeys(done, t))
         return None if left else got  # no room for a prefill this step: not known
 
 
@@ -153,7 +152,6 @@ def main() -> None:
     parser = load_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     args = parser.parse_args()
     trace, slo = chosen_trace(parser, args), slo_of(args.profile)
-    Rejudging.trace = trace
     alone = replay(trace, engine_of(args.profile), Static(args.limit), slo).judgement.goodput_rps
     print(f"{args.profile} {args.workload}: {len(trace)} requests, static:{args.limit} alone {alone:.3f} good "
           f"requests/s; every request good would be {ceiling(trace):.3f}")  # fmt: skip
@@ -161,7 +159,8 @@ def main() -> None:
     best = {}
     for name, rejudged in RUNS:
         made = predicting_static(args.limit, args.profile) if name == "predict" else policy(name, slo)
-        run: Run = replay(trace, engine_of(args.profile), made, slo, replica_type=rejudged)
+        replica = rejudged and partial(rejudged, trace=trace)
+        run: Run = replay(trace, engine_of(args.profile), made, slo, replica_type=replica)
         queued = run.decisions.get("refused_queued", 0)
         at_door = run.shed - queued
         false = (run.false_sheds or 0) / at_door if at_door else 0.0

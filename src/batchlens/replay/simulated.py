@@ -57,10 +57,10 @@ def replay(
     max_model_len: int = 8192,
     tick: float = 1.0,
     on_progress: Callable[[float], None] = lambda _t: None,
-    replica_type: type[Replica] | None = None,
+    replica_type: Callable[..., Replica] | None = None,
 ) -> Run:
     """Replay ``trace`` on ``engine`` under ``policy``; ``on_progress`` gets the simulated time each tick.
-    ``replica_type``: a :class:`Replica` that does more at its door (benchmarks/queued_refusal.py's)."""
+    ``replica_type``: makes a :class:`Replica` that does more at its door (benchmarks/queued_refusal.py's)."""
     if not trace:
         raise ValueError("an empty trace: nothing to replay")
     replica = (replica_type or Replica)(engine, policy, slo, max_model_len=max_model_len, tick=tick,
