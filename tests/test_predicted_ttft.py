@@ -18,6 +18,8 @@ from batchlens.predicted_ttft import (
     Rates,
     Seen,
     Watch,
+    first_token_seconds,
+    late_in_queue,
     predict,
     refuses,
 )
@@ -297,3 +299,29 @@ def test_the_latest_is_only_said_where_a_slot_is_waited_for_and_the_decode_step_
     assert waiting.ttft_seconds == pytest.approx(0.6 + waiting.prefill_seconds)
     assert predict(full, 100, rates, limit=4).slot_seconds is None  # room: no slot to wait for
     assert not refuses(Prediction(1.0, 1.0, 0.2, 0, 2.0), 1.0)  # room, the finishes known: the prefill judges
+
+
+def test_the_requests_holding_a_slot_share_their_steps_and_one_waiting_for_a_slot_is_bounded_below() -> None:
+    """Prompts of 1,000, 600 and 600, 400 tokens of the oldest done, and steps of 1,000 tokens taking 0.1 s + 1 ms a
+    token. The two holding slots share their steps: the first's first token ends the first (full) step, at 1.1 s,
+    and the second's the next (200 tokens), at 0.2 + 1.2 s. The third, waiting for a slot, gets its first token no
+    sooner than if it had one and nobody behind it: at the end of a second step of 800 tokens, 0.2 + 1.8 s."""
+    times = first_token_seconds([1000, 600, 600], slotted=2, done_tokens=400, step_tokens=1000, lone=(0.1, 0.001))
+    assert times == pytest.approx([1.1, 1.4, 2.0])
+    # Every one with a slot: the third's prompt fills the second step, and the second's first token comes with it.
+    assert first_token_seconds([1000, 600, 600], 3, 400, 1000, (0.1, 0.001)) == pytest.approx([1.1, 2.0, 2.0])
+
+
+def test_the_second_look_refuses_the_earliest_that_would_miss_and_looks_again() -> None:
+    """Four prompts of 1,000 sharing 1,000-token steps of 1 ms a token (no step time): first tokens at 1, 2, 3 and
+    4 s. With a 3 s bound and the first two having waited 2.5 s, the first misses (3.5 s): refused, the second's
+    then comes at 1 s (3.5 s waited: refused too), and the third and fourth, which have waited nothing, make it."""
+    rates, _ = learned(rate=1000.0)  # no step time: the fit may say nothing, and the rate is the time a token
+    prompts, waited = [1000] * 4, [2.5, 2.5, 0.0, 0.0]
+    assert late_in_queue(prompts, waited, decoding=0, limit=None, step_tokens=1000, rates=rates,
+                         budget_seconds=3.0) == [0, 1]  # fmt: skip
+    # One that is not the door's (its answer begun, or a request id of the client's) counts, but is never refused.
+    assert late_in_queue(prompts, [None, 2.5, 0.0, 0.0], 0, None, 1000, rates, 3.0) == [1]
+    # The decoding requests take a token of each step and hold the slots: with one slot left, the fourth waits.
+    assert late_in_queue(prompts, [0.0, 0.0, 0.0, 1.0], 10, 11, 1010, rates, 3.0) == [3]
+    assert late_in_queue(prompts, waited, 0, None, 1000, learned(prompts=(500,))[0], 3.0) == []  # no rate: open

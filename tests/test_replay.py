@@ -24,11 +24,11 @@ from batchlens.replay.live import outcome
 from batchlens.replay.output import arrival_rate, figure, rows, table, write_csv
 from batchlens.replay.policies import Adaptive, Admitting, Static, oracle_limits
 from batchlens.replay.policy_names import parse_policy
-from batchlens.replay.simulated import Run, ShedSample, oracle, replay, turned_away, would_have_been_good
+from batchlens.replay.simulated import Replica, Run, ShedSample, oracle, replay, turned_away, would_have_been_good
 from batchlens.replay.traces import TraceError, TraceRequest, read_trace, select
 from batchlens.simulator.engine import Engine, SimRequest
 from batchlens.simulator.profiles import GPUS, MODELS
-from harness.exporter import BATCHLENS
+from harness.exporter import BATCHLENS, one, parse_samples
 
 SLO = Slo(0.5, 0.1)
 
@@ -428,3 +428,33 @@ def test_a_steering_policy_reads_the_idle_engine_at_the_start_and_decides_at_its
     run = replay(poisson(8, 10), engine(), Watching(SLO, parse_policy("adaptive", SLO)), SLO)
     assert ticks[0] < 0.5 and 2.0 <= ticks[1] < 2.5, ticks[:3]
     assert run.limits[1][0] == ticks[1], f"a queue from the start: slow start at the first window, {run.limits}"
+
+
+def test_the_doors_second_look_refuses_a_request_waiting_for_a_slot_once_it_would_miss_and_no_sooner() -> None:
+    """Two requests of 400 output tokens hold an engine's two slots; three more, admitted under a bound so wide that
+    nothing misses, wait for one. The bound falls to the SLO's TTFT (as the controller's PUT would set it): before
+    each step the door looks again (Replica.rejudge) and refuses each waiting request once its wait and the least
+    its prefill can take pass the TTFT, not while it could still make it. They count as sheds, in vLLM's counter
+    as live and none of them false (no slot frees for 400 decode steps); the decoding two run to their end."""
+    door = parse_policy("predict", SLO)
+    replica = Replica(engine(capacity=2), door, SLO)
+    arrivals = [SimRequest(f"learn{i}", 256 * (1 + i % 4), 1, float(i)) for i in range(10)]  # a prefill rate
+    arrivals += [SimRequest(f"long{i}", 64, 400, 20.0) for i in range(2)]
+    waiting = [SimRequest(f"wait{i}", 512, 8, 20.5) for i in range(3)]
+    for request in arrivals:
+        replica.advance(request.arrival)
+        replica.arrive(request)
+    replica.advance(20.5)
+    door.margin = 1000.0  # a bound of 500 s: admitted
+    for request in waiting:
+        replica.arrive(request)
+    assert replica.run.shed == 0 and all(r in replica.engine.waiting for r in waiting)
+    door.margin = 0.0
+    replica.advance(math.inf)
+    run = replica.result([*arrivals, *waiting], replica.now)
+    assert run.shed == run.refused_queued == 3 and [r.finish_reason for r in waiting] == ["shed"] * 3
+    assert all(0.3 < r.finished_at - r.arrival <= SLO.ttft_seconds for r in waiting), [r.finished_at for r in waiting]
+    assert run.false_sheds == 0 and run.false_shed_sample == 3
+    assert [r.finish_reason for r in arrivals[-2:]] == ["length", "length"]
+    counted = parse_samples(replica.metrics.render().decode())
+    assert one(counted, "vllm:admission_rejections_total", reason="predicted_ttft") == 3

@@ -174,20 +174,28 @@ def test_a_queued_cap_refuses_at_once_with_vllms_503_and_counts_it_as_vllm_does(
 def test_the_per_request_door_refuses_a_predicted_miss_and_tells_the_admitted_their_prediction(tmp_path) -> None:
     """The plugin's per-request door, as the simulator answers it: once it has seen enough first tokens it tells
     each admitted request its predicted TTFT; a bound no request can meet refuses with vLLM's 503 and counts reason
-    predicted_ttft, a critical request too (it would miss too); lifted, requests pass."""
+    predicted_ttft, a critical request too (it would miss too), and the door's second look refuses so the requests
+    admitted before it that still wait for a slot, a streamed one too; lifted, requests pass."""
     short = {"model": MODEL, "prompt": "y " * 200, "max_tokens": 2}
-    with holding_three(tmp_path) as (sim, admin):
+    with holding_three(tmp_path) as (sim, admin), ThreadPoolExecutor(2) as pool:
         set_caps(admin, max_predicted_ttft_seconds=3600)
         said = [post_with_headers(sim.url, short)[1].get("x-batchlens-predicted-ttft") for _ in range(10)]
         assert said[:7] == [None] * 7 and float(said[-1]) > 0, said  # MIN_PREFILLS first tokens, then predictions
         assert admin.request("GET", ADMISSION_PATH)[1]["learned_prefill_tokens_per_second"] > 0
+        admin.set_limit(3)  # the three held requests hold every slot: two more wait for one
+        queued = [pool.submit(post_with_headers, sim.url, {**short, "stream": stream}) for stream in (False, True)]
+        wait_until(lambda: admin.request("GET", ADMISSION_PATH)[1]["num_unfinished_reqs"] == 5, timeout=10,
+                   what="two requests waiting for a slot")  # fmt: skip
         set_caps(admin, max_predicted_ttft_seconds=0.001)
         refused = [post_with_headers(sim.url, short, {PRIORITY_HEADER: p}) for p in ("0", "1")]
-        assert [status for status, _, _ in refused] == [503, 503], refused
-        assert "miss its time to first token" in refused[0][2]["error"]["message"]
-        assert int(refused[0][1]["Retry-After"]) >= 1
+        refused += [future.result(timeout=30) for future in queued]
+        assert [status for status, _, _ in refused] == [503] * 4, refused
+        for _, headers, reply in refused:
+            assert "miss its time to first token" in reply["error"]["message"] and int(headers["Retry-After"]) >= 1
         counted = pick(gauges(sim), "vllm:admission_rejections_total", reason="predicted_ttft")
-        assert list(counted.values()) == [2.0]
+        assert list(counted.values()) == [4.0]
+        assert admin.request("GET", ADMISSION_PATH)[1]["num_unfinished_reqs"] == 3  # the two aborted, not left
+        admin.set_limit(32)
         set_caps(admin, max_predicted_ttft_seconds=None)
         assert post_with_headers(sim.url, short)[0] == 200
 

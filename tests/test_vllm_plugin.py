@@ -158,12 +158,13 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
 
 
 def door_completion(
-    server: VllmServer, prompt_tokens: int, max_tokens: int = 4, priority: int | None = None, seed: int = 0
-) -> tuple[int, dict[str, str], bytes]:
+    server: VllmServer, prompt_tokens: int, max_tokens: int = 4, priority: int | None = None, seed: int = 0,
+    stream: bool = False,
+) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
     """One completion of ``prompt_tokens`` token ids drawn from ``seed`` (so that no prefix cache makes its prefill
     free): its status, its headers (lower-cased names) and its body."""
     ids = random.Random(seed).choices(range(3, 1000), k=prompt_tokens)
-    payload = {"model": server.model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True}
+    payload = {"model": server.model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
     headers = {"Content-Type": "application/json", **({} if priority is None else {PRIORITY_HEADER: str(priority)})}
     request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(), headers=headers)
     try:
@@ -178,6 +179,28 @@ def predicted_rejections(server: VllmServer) -> tuple[float, float]:
     samples = parse_samples(server.metrics_text())
     vllms = sum(pick(samples, "vllm:admission_rejections_total", reason=PREDICTED_TTFT).values())
     return vllms, sum(pick(samples, "batchlens_door_refusals_total", priority_class="critical").values())
+
+
+def learn_the_door(server: VllmServer, session_admin: AdminClient) -> None:
+    """The door on at a bound nothing misses (an hour), and requests until it has learned the rates.
+
+    Prompts of different lengths, alone and eight at once. One round at least: a rate learned from an earlier
+    test's requests could age out of the door's horizon (30 s) midway, and a door with no rate admits (CI once
+    saw one 200 so)."""
+    assert set_caps(session_admin, max_predicted_ttft_seconds=3600)["max_predicted_ttft_seconds"] == 3600
+    lengths, seed, deadline = (64, 1500, 256, 1024, 128, 768, 512, 384), 1, time.monotonic() + 60
+    while True:
+        for n in lengths[:3]:
+            assert door_completion(server, n, seed=seed + n + 5000)[0] == 200
+        with ThreadPoolExecutor(len(lengths)) as burst:
+            replies = list(burst.map(lambda n, s=seed: door_completion(server, n, seed=s + n), lengths))
+        seed += 10_000
+        assert {status for status, _, _ in replies} == {200}, [r[:2] for r in replies]  # an hour: no miss
+        state = session_admin.request("GET", ADMISSION_PATH)[1]
+        if state["learned_prefill_tokens_per_second"] is not None:
+            break
+        assert time.monotonic() < deadline, f"the door learned no prefill rate within 60 s: {state}"
+    assert state["max_predicted_ttft_seconds"] == 3600 and state["learned_prefill_tokens_per_second"] > 0, state
 
 
 def test_the_per_request_door_predicts_each_requests_ttft_and_refuses_a_predicted_miss(
@@ -209,23 +232,7 @@ def test_the_per_request_door_predicts_each_requests_ttft_and_refuses_a_predicte
     session_admin.state()  # the batch route read: the door knows the limit it counts slots against
     before = predicted_rejections(vllm_server)
     try:
-        assert set_caps(session_admin, max_predicted_ttft_seconds=3600)["max_predicted_ttft_seconds"] == 3600
-        # Learning: prompts of different lengths, alone and eight at once, until the door has a rate. One round at
-        # least: a rate learned from an earlier test's requests could age out of the door's horizon (30 s) midway,
-        # and a door with no rate admits (CI once saw one 200 so).
-        lengths, seed, deadline = (64, 1500, 256, 1024, 128, 768, 512, 384), 1, time.monotonic() + 60
-        while True:
-            for n in lengths[:3]:
-                assert door_completion(vllm_server, n, seed=seed + n + 5000)[0] == 200
-            with ThreadPoolExecutor(len(lengths)) as burst:
-                replies = list(burst.map(lambda n, s=seed: door_completion(vllm_server, n, seed=s + n), lengths))
-            seed += 10_000
-            assert {status for status, _, _ in replies} == {200}, [r[:2] for r in replies]  # an hour: no miss
-            state = session_admin.request("GET", ADMISSION_PATH)[1]
-            if state["learned_prefill_tokens_per_second"] is not None:
-                break
-            assert time.monotonic() < deadline, f"the door learned no prefill rate within 60 s: {state}"
-        assert state["max_predicted_ttft_seconds"] == 3600 and state["learned_prefill_tokens_per_second"] > 0, state
+        learn_the_door(vllm_server, session_admin)
         status, headers, _ = door_completion(vllm_server, 700, seed=7)
         assert status == 200 and float(headers[header]) > 0, (status, headers)
 
@@ -255,6 +262,41 @@ def test_the_per_request_door_predicts_each_requests_ttft_and_refuses_a_predicte
     assert session_admin.request("GET", ADMISSION_PATH)[1]["max_predicted_ttft_seconds"] is None
     status, headers, _ = door_completion(vllm_server, 1024, seed=98)
     assert status == 200 and header not in headers, (status, headers)
+
+
+def test_the_doors_second_look_refuses_the_queued_requests_that_would_now_miss_and_no_other(
+    vllm_server: VllmServer, session_admin: AdminClient
+) -> None:
+    """Admitted under an hour's bound, three requests wait for the one slot that a long one holds (limit 1). The
+    bound falls to 1 ms: on its next tick the door judges them again and refuses all three while queued, a
+    streamed one too. Each client gets the door's 503 and Retry-After, not vLLM's answer; vLLM aborts them (none
+    waits) and counts each refusal; the long one, past its first token, runs on to its end."""
+    long_reply: list[tuple[int, dict[str, str], bytes]] = []
+    queued: list[tuple[int, dict[str, str], bytes]] = []
+    before = predicted_rejections(vllm_server)[0]
+    pool = ThreadPoolExecutor(4)
+    try:
+        learn_the_door(vllm_server, session_admin)
+        session_admin.set_limit(1)
+        pool.submit(lambda: long_reply.append(door_completion(vllm_server, 64, max_tokens=1500, seed=11)))
+        wait_for(vllm_server, lambda running, waiting: running == 1, "the long request running")
+        waiting = [pool.submit(door_completion, vllm_server, 256, max_tokens=8, seed=20 + i, stream=i == 0)
+                   for i in range(3)]  # fmt: skip
+        wait_for(vllm_server, lambda running, waiting: waiting == 3, "three requests waiting for the slot")
+        set_caps(session_admin, max_predicted_ttft_seconds=0.001)
+        queued = [future.result(timeout=60) for future in waiting]
+        gauges = batch_gauges(vllm_server)
+    finally:
+        set_caps(session_admin, max_predicted_ttft_seconds=None)
+        pool.shutdown(wait=True)
+    assert [status for status, _, _ in queued] == [503] * 3, [reply[:2] for reply in queued]
+    for _, headers, body in queued:
+        assert json.loads(body)["error"]["message"] == MESSAGES[PREDICTED_TTFT], body[:300]
+        assert int(headers["retry-after"]) >= 1 and headers["content-type"] == "application/json", headers
+    assert gauges == (1, 0), gauges  # aborted in vLLM, not left to run unheard; the long one still running
+    assert predicted_rejections(vllm_server)[0] - before == 3
+    status, _, body = long_reply[0]
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 1500, (status, body[:300])
 
 
 def test_the_plugin_vllm_loaded_is_the_wheels(session_admin: AdminClient, distributions: Distributions) -> None:

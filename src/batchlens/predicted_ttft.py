@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -339,3 +339,56 @@ class Watch:
         self._at, self._prefilling, self._unfinished, self._limit = now, prefilling, set(states), limit
         self._decoding = decoding
         return backlog
+
+
+def first_token_seconds(prompts: Sequence[int], slotted: int, done_tokens: float, step_tokens: int,
+                        lone: tuple[float, float]) -> list[float]:  # fmt: skip
+    """When each request in prefill gets its first token, in seconds from now, if no more arrive: ``prompts`` in
+    arrival order (the order the engine prefills and gives slots in), the first ``slotted`` of them holding a slot.
+
+    Each step prefills up to ``step_tokens`` of the prompts in order and takes the lone fit's time, ``step +
+    tokens × per_token`` (:attr:`Rates.lone`); ``done_tokens`` of the oldest are prefilled already. The requests
+    that hold a slot share their steps, so one gets its first token at the end of the step that reaches it, which
+    the prompts behind it fill. One that waits for a slot gets it no sooner than if it had one and nobody behind it
+    shared its step: that bound, a lower one, is its time (where a request shares its steps with the prompts behind
+    it, the door's estimate at arrival cannot see them: docs/admission.md, re-judging the queue)."""
+    step, per_token = lone
+    budget = max(step_tokens, 1)
+    ahead, times = -done_tokens, []  # prompt tokens to prefill up to and including each request
+    for prompt in prompts:
+        ahead += prompt
+        times.append(max(ahead, 1.0))
+    shared = times[slotted - 1] if slotted else 0.0  # what the slotted requests' steps prefill in all
+    return [
+        math.ceil(tokens / budget) * step + per_token * (min(shared, math.ceil(tokens / budget) * budget)
+                                                         if i < slotted else tokens)
+        for i, tokens in enumerate(times)
+    ]  # fmt: skip
+
+
+def late_in_queue(prompts: Sequence[int], waited: Sequence[float | None], decoding: int, limit: int | None,
+                  step_tokens: int, rates: Rates, budget_seconds: float) -> list[int]:  # fmt: skip
+    """Which of the requests in prefill the door refuses now, judged again: the indices (into ``prompts``, in
+    arrival order) of those whose first token, with the queue as it stands, would come past ``budget_seconds``
+    after their arrival. ``waited``: how long each has waited (None: not the door's to refuse, as one whose answer
+    has begun). ``decoding``: requests past their first token, which hold slots and take a token of each step;
+    ``limit``: the batch's slots (None: not known, every prompt has one).
+
+    One at a time, the earliest to arrive first: it misses by the most, and refusing it shortens the steps of
+    those behind it, which may then make it. Unknown rates: none (the door fails open)."""
+    rate = rates.prefill_tokens_per_second
+    if rate is None:
+        return []
+    lone = rates.lone or (0.0, 1 / rate)  # as :func:`predict` takes a prompt's own time without the fit
+    left = list(range(len(prompts)))
+    refused: list[int] = []
+    while True:
+        slotted = len(left) if limit is None else min(max(limit - decoding, 0), len(left))
+        times = first_token_seconds([prompts[i] for i in left], slotted, rates.partial_tokens,
+                                    step_tokens - decoding, lone)  # fmt: skip
+        over = (i for i, t in zip(left, times, strict=True) if waited[i] is not None and waited[i] + t > budget_seconds)
+        late = next(over, None)
+        if late is None:
+            return refused
+        refused.append(late)
+        left.remove(late)

@@ -24,7 +24,7 @@ from batchlens.control.signals import EngineSample, read_sample, window
 from batchlens.control.steering import tuning as tuning_of
 from batchlens.exporter.parser import ExpositionReader
 from batchlens.goodput import Slo
-from batchlens.predicted_ttft import Backlog, Rates, predict, refuses
+from batchlens.predicted_ttft import Backlog, Rates, late_in_queue, predict, refuses
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,9 @@ class Predicting:
 
     wants_metrics = True
 
-    def __init__(self, slo: Slo, admitting: Admitting, margin: float):
+    def __init__(self, slo: Slo, admitting: Admitting, margin: float, second_look: bool = True):
         self.slo, self.admitting, self.margin = slo, admitting, margin
+        self.second_look = second_look  # the requests in prefill judged again before each step (Replica.rejudge)
         self.name = admitting.name.replace("admit", "predict")
         self.tick_seconds = admitting.tick_seconds
         self.rates = Rates()
@@ -193,7 +194,17 @@ class Predicting:
     def refuses(self, prompt_tokens: int, backlog: Backlog, limit: int, waited: float = 0.0) -> bool:
         """``waited``: how long the request has waited already (the replay takes arrivals in at step ends)."""
         prediction = predict(backlog, prompt_tokens, self.rates, limit)
-        return refuses(prediction, self.slo.ttft_seconds * (1 + self.margin) - waited)
+        return refuses(prediction, self.bound - waited)
+
+    def refuses_queued(self, prompts: list[int], waited: list[float], decoding: int, limit: int,
+                       step_tokens: int) -> list[int]:  # fmt: skip
+        """The door's second look at the requests in prefill (predicted_ttft.late_in_queue): which to refuse."""
+        return late_in_queue(prompts, waited, decoding, limit, step_tokens, self.rates, self.bound)
+
+    @property
+    def bound(self) -> float:
+        """The TTFT past which the door refuses: the SLO's and the margin over it."""
+        return self.slo.ttft_seconds * (1 + self.margin)
 
 
 def oracle_limits(capacity: int) -> list[int]:

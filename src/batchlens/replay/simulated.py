@@ -41,7 +41,8 @@ class Run:
     judgement: Judgement
     limits: list[tuple[float, int]] = field(default_factory=list)  # (time, limit) at each change
     refused: int | None = 0  # longer than max_model_len; None live, where LiveRun.accounting says what came back
-    shed: int = 0  # refused at the door by the queued-token cap (an admitting policy)
+    shed: int = 0  # refused at the door by the queued-token cap (an admitting policy), or by the per-request door
+    refused_queued: int = 0  # of those, refused by the per-request door's second look, while queued (Replica.rejudge)
     false_sheds: int | None = None  # sheds that would have been good had they been admitted (estimated)
     false_shed_sample: int = 0  # the sheds replayed counterfactually to estimate false_sheds
     decisions: dict[str, int] = field(default_factory=dict)  # a steering policy's decisions, by reason
@@ -98,6 +99,7 @@ class Replica:
         self.predicts = getattr(policy, "rates", None) is not None  # a per-request door (Predicting) in front
         self.in_prefill = [0, 0]  # prompt tokens and requests admitted without their first token: in prefill
         self.limit_seen = engine.max_num_active_seqs
+        self.later: Callable[[], Sequence[SimRequest]] = tuple  # the arrivals still to come (arrive's ``later``)
         # A steering policy reads the idle engine at 0 too, as a live controller reads an engine before the load
         # comes: its first window then ends at the first tick, not the second (a decision 2 s later on every run).
         self.now, self.next_tick = 0.0, 0.0 if self.steers else self.tick
@@ -110,6 +112,7 @@ class Replica:
         """``request`` arrives now (at or after its arrival time): refused, shed or queued. ``later``: the arrivals
         still to come to this engine, for a shed's counterfactual run."""
         engine, run = self.engine, self.run
+        self.later = later
         request.finish_reason = turned_away(engine, request, cap := cap_of(self.policy), self.max_model_len)
         reason = SHED_REASON
         if request.finish_reason is None and self.predicts and self.predicted_miss(request):
@@ -138,6 +141,42 @@ class Replica:
                              for r in (*engine.running, *engine.waiting))  # fmt: skip
         return policy.refuses(request.prompt_tokens, backlog, engine.max_num_active_seqs, self.now - request.arrival)
 
+    def rejudge(self) -> None:
+        """The per-request door's second look, before each step (the plugin's, on each tick of its sampler): the
+        requests in prefill that would now miss their TTFT, with the queue as it stands, are refused as at the door
+        (their clients get the 503)."""
+        engine = self.engine
+        queued = self.queued()
+        if queued:
+            late = self.policy.refuses_queued([r.prompt_tokens for r in queued], [self.now - r.arrival for r in queued],
+                                              engine.unfinished - len(queued), engine.max_num_active_seqs,
+                                              engine.max_num_batched_tokens)  # fmt: skip
+            for index in late:
+                self.refuse_queued(queued[index])
+
+    def queued(self) -> list[SimRequest]:
+        """The requests in prefill, in the order the engine prefills them."""
+        return [r for r in (*self.engine.running, *self.engine.waiting) if r.first_token_at is None]
+
+    def refuse_queued(self, request: SimRequest) -> None:
+        """Refuse ``request``, in prefill: aborted, and counted as a shed (whether it would have been good had it
+        stayed is estimated on the sheds' sample, as at the door)."""
+        engine, run = self.engine, self.run
+        run.shed += 1
+        run.refused_queued += 1
+        self.bad += 1
+        if self.metrics is not None:
+            self.metrics.admission_rejections[PREDICTED_TTFT].inc()
+        if self.sample is not None and self.sample.takes(run.shed):
+            shadow = copy.deepcopy(engine)
+            mine = next(r for r in (*shadow.running, *shadow.waiting) if r.id == request.id)
+            self.sample.add(run.shed, served_in_time(shadow, mine, self.later(), self.now, cap_of(self.policy),
+                                                     self.slo, self.max_model_len))  # fmt: skip
+        engine.abort(request, self.now)
+        request.finish_reason = "shed"
+        self.in_prefill[0] -= request.prompt_tokens
+        self.in_prefill[1] -= 1
+
     def advance(self, until: float) -> None:
         """Step the engine until its clock reaches ``until`` (a step may end past it) or it has nothing to do;
         an idle engine's clock jumps to ``until``. ``math.inf``: drain."""
@@ -149,6 +188,8 @@ class Replica:
     def step(self) -> None:
         """One scheduler iteration, and the policy's decision where a tick falls due."""
         engine, policy = self.engine, self.policy
+        if self.predicts and policy.second_look:
+            self.rejudge()
         limit, prefilling = engine.max_num_active_seqs, self.in_prefill[1]
         added, self.limit_seen = max(0, limit - self.limit_seen), limit  # the policy's growth frees slots too
         busy, full = prefilling > 0 and engine.unfinished - prefilling < limit, engine.unfinished >= limit

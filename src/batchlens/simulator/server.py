@@ -40,7 +40,7 @@ from batchlens.admin_api import (
 from batchlens.admin_auth import AdminAuth, own_pod
 from batchlens.arrivals import ArrivalMetrics
 from batchlens.http_server import application, run_app
-from batchlens.predicted_ttft import Seen, Watch, predict, refuses
+from batchlens.predicted_ttft import Seen, Watch, late_in_queue, predict, refuses
 from batchlens.queued_caps import (
     PREDICTED_TTFT,
     PREDICTED_TTFT_HEADER,
@@ -68,6 +68,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 class Pending:
     request: SimRequest
     tokens: asyncio.Queue[int | None]  # the count of output tokens after each step; None when finished
+    refused: bool = False  # by the per-request door's second look, while queued: its client gets the 503
 
 
 class Simulator:
@@ -139,6 +140,7 @@ class Simulator:
             self.gpu.record(step)
             if self.caps["max_predicted_ttft_seconds"] is not None:
                 self.watch.sample(clock, self._states(), self.engine.max_num_active_seqs)
+                self._second_look(clock)
             # A client may have gone away during the sleep: its request was aborted and has no one to tell.
             for request in step.produced:
                 if (pending := self._pending.get(request.id)) is not None:
@@ -171,6 +173,22 @@ class Simulator:
                              limit)  # fmt: skip
         seconds = None if prediction is None else prediction.ttft_seconds
         return (PREDICTED_TTFT if refuses(prediction, bound) else None), seconds
+
+    def _second_look(self, now: float) -> None:
+        """The plugin's second look (vllm_plugin/second_look.py): the requests in prefill that would now miss their
+        TTFT are aborted, and their clients answered the door's 503."""
+        engine = self.engine
+        queued = [r for r in (*engine.running, *engine.waiting) if r.first_token_at is None]
+        late = late_in_queue([r.prompt_tokens for r in queued], [now - r.arrival for r in queued],
+                             engine.unfinished - len(queued), engine.max_num_active_seqs,
+                             engine.max_num_batched_tokens, self.watch.rates,
+                             self.caps["max_predicted_ttft_seconds"])  # fmt: skip
+        for request in (queued[i] for i in late):
+            if (pending := self._pending.get(request.id)) is not None:
+                pending.refused = True
+                self.abort(pending)
+                self.metrics.admission_rejections[PREDICTED_TTFT].inc()
+                pending.tokens.put_nowait(None)
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> Pending:
         request = SimRequest(uuid.uuid4().hex, prompt_tokens, max_tokens, self.now())
@@ -216,18 +234,21 @@ class Simulator:
             self.arrivals.refused(door_class)
             if not (vllm_door and by_plugin):  # vLLM's counter: its own refusals, or the plugin door's before 0.29
                 self.metrics.admission_rejections[reason].inc()
-            refused = web.json_response(refusal_body(reason), status=503)
-            refused.headers["Retry-After"] = str(retry_after(state))  # as the plugin adds it to vLLM's 503
-            return refused
+            return self._refused(reason, state)
         pending = self.submit(req.prompt_tokens, req.max_tokens)
         self.arrivals.answered(req.stream)
         request_id = api.new_id(chat)
         said = {} if predicted is None else {PREDICTED_TTFT_HEADER: f"{predicted:.3f}"}  # as the plugin tells it
         try:
+            # As the plugin holds an answer's start: until the first token, the door may still refuse it.
+            first = await pending.tokens.get()
+            if pending.refused:
+                self.arrivals.refused(door_class)
+                return self._refused(PREDICTED_TTFT, self.admission())
             if req.stream:
-                return await self._stream(request, req, request_id, pending, said)
-            while await pending.tokens.get() is not None:
-                pass
+                return await self._stream(request, req, request_id, pending, said, first)
+            while first is not None:
+                first = await pending.tokens.get()
         except asyncio.CancelledError:
             self.abort(pending)
             raise
@@ -235,9 +256,16 @@ class Simulator:
         reply = api.reply(req, request_id, done.generated, done.finish_reason or "length")
         return web.json_response(reply, headers=said)
 
+    @staticmethod
+    def _refused(reason: str, state: AdmissionState) -> web.Response:
+        refused = web.json_response(refusal_body(reason), status=503)
+        refused.headers["Retry-After"] = str(retry_after(state))  # as the plugin adds it to vLLM's 503
+        return refused
+
     async def _stream(
-        self, request: web.Request, req: api.Completion, request_id: str, pending: Pending, said: Mapping[str, str]
-    ) -> web.StreamResponse:
+        self, request: web.Request, req: api.Completion, request_id: str, pending: Pending, said: Mapping[str, str],
+        first: int | None,
+    ) -> web.StreamResponse:  # fmt: skip
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **said}
         )
@@ -247,13 +275,14 @@ class Simulator:
                 b"data: " + (payload if isinstance(payload, bytes) else json.dumps(payload).encode()) + b"\n\n"
             )
 
-        sent = 0
+        sent, count = 0, first
         try:
             await response.prepare(request)  # the client may be gone already, before the headers
-            while (count := await pending.tokens.get()) is not None:
+            while count is not None:
                 for index in range(sent, count):
                     await send(api.chunk(req, request_id, index, None))
                 sent = count
+                count = await pending.tokens.get()
             await send(api.chunk(req, request_id, sent, pending.request.finish_reason or "length"))
             if req.include_usage:
                 await send(api.usage_chunk(req, request_id, pending.request.generated))

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from batchlens.arrivals import GENERATION_PATHS, ArrivalMetrics
 from batchlens.prompt_size import prompt_tokens
 from batchlens.queued_caps import (
+    PREDICTED_TTFT,
     PREDICTED_TTFT_HEADER,
     PRIORITY_HEADER,
     cap_refusal,
@@ -34,10 +35,12 @@ from batchlens.queued_caps import (
     priority_class,
     refusal_body,
 )
+from batchlens.vllm_plugin.second_look import Ticket
 
 _metrics: ArrivalMetrics | None = None
 _PRIORITY_KEY = PRIORITY_HEADER.encode()  # as ASGI gives header names: bytes, once, not on every request
 _PREDICTED_KEY = PREDICTED_TTFT_HEADER.encode()
+_REQUEST_ID_KEY = b"x-request-id"
 #: A body past this size is not read for the per-request door: it goes on unjudged (vLLM answers what it says).
 MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
 
@@ -55,6 +58,8 @@ class Door(Protocol):
     def retry_after(self) -> int: ...
     def predicts(self) -> bool: ...  # whether the per-request door wants each request's prompt
     def predicted(self, prompt_tokens: int | None) -> tuple[str | None, float | None]: ...  # (reason, TTFT)
+    def track(self) -> Ticket | None: ...  # an admitted request's ticket for the door's second look
+    def untrack(self, ticket: Ticket) -> None: ...
 
 
 class ArrivalMiddleware:
@@ -81,28 +86,54 @@ class ArrivalMiddleware:
             await refuse(send, reason, door.retry_after())
             return
 
-        held: list[dict] = []  # a 503's start, until its body says whether a queued cap refused
+        ticket = door.track() if predicted is not None and not _has_request_id(scope) else None
+        if ticket is not None:  # vLLM names the request by it, and the door's second look finds it so
+            scope = {**scope, "headers": [*(scope.get("headers") or ()), (_REQUEST_ID_KEY, ticket.token.encode())]}
+        held: list[dict] = []  # a 503's start, until its body says whether a queued cap refused; an admitted
+        # request's start, until its first body (its first token), while the door's second look may refuse it
+        refused = False  # by the second look, and the client has the door's 503: vLLM's answer to the abort is dropped
 
         async def watch(message: dict) -> None:
+            nonlocal refused
+            if refused:
+                return
             if message["type"] == "http.response.start" and message.get("status") == 200:
                 content_type = dict(message.get("headers") or ()).get(b"content-type", b"")
                 self.arrivals.answered(content_type.startswith(b"text/event-stream"))
                 if predicted is not None:
                     said = (_PREDICTED_KEY, f"{predicted:.3f}".encode())
                     message = {**message, "headers": [*(message.get("headers") or ()), said]}
+                if ticket is not None:
+                    held.append(message)
+                    return
             elif message["type"] == "http.response.start" and message.get("status") == 503:
                 held.append(message)
                 return
             elif held and message["type"] == "http.response.body":
                 start = held.pop()
-                if cap_refusal(message.get("body", b"")):  # vLLM's own caps; not a 503 of another cause
+                if ticket is not None:
+                    door.untrack(ticket)
+                    if ticket.refused:  # refused while queued: vLLM answers its abort, the client the 503
+                        refused = True
+                        self.arrivals.refused(door_class)
+                        await refuse(send, PREDICTED_TTFT, door.retry_after())
+                        return
+                if start.get("status") == 503 and cap_refusal(message.get("body", b"")):  # vLLM's own caps
                     self.arrivals.refused(door_class)
                     headers = [h for h in start.get("headers") or () if h[0].lower() != b"retry-after"]
                     start = {**start, "headers": [*headers, (b"retry-after", str(door.retry_after()).encode())]}
                 await send(start)
             await send(message)
 
-        await self.app(scope, receive, watch)
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if ticket is not None:
+                door.untrack(ticket)
+
+
+def _has_request_id(scope: dict) -> bool:
+    return any(key.lower() == _REQUEST_ID_KEY for key, _ in scope.get("headers") or ())
 
 
 async def read_body(receive: Any) -> tuple[list[dict], bytes | None]:

@@ -49,6 +49,7 @@ from batchlens.vllm_plugin.arrival_middleware import metrics as arrival_metrics
 from batchlens.vllm_plugin.compat import PLUGIN_DOOR, VLLM_DOOR, Support, check_installed_vllm
 from batchlens.vllm_plugin.door import PluginDoor, VllmDoor, predicted_rejections, request_states
 from batchlens.vllm_plugin.engine_side import BATCH_UTILITY, INFO_UTILITY
+from batchlens.vllm_plugin.second_look import SecondLook, Ticket
 from batchlens.vllm_plugin.siblings import Caps, SiblingTable, open_table, private_table
 
 log = logging.getLogger("vllm.batchlens")
@@ -84,6 +85,7 @@ class AdminService:
         # The per-request door (predicted_ttft.py): its bound, shared like the caps, and what it learns.
         self._predicted_ttft: float | None = None
         self._watch = Watch()
+        self._second_look = SecondLook()
         self._said_unreadable = False
         self._predicted_refusals = predicted_rejections(engine_client) if self._door is not None else None
         if self._door is not None and self.siblings.count > 1:
@@ -108,6 +110,10 @@ class AdminService:
         self.apply_shared_caps()
         if (door := self._door) is not None:
             self._sample()
+            if self.predicts():
+                refused = self._second_look.judge(self._client, self._watch.rates, self._slots, self._step_tokens,
+                                                  self._predicted_ttft)  # fmt: skip
+                self._predicted_refusals.inc(refused)
             if self.siblings.count > 1:
                 self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
 
@@ -181,6 +187,17 @@ class AdminService:
         them; None before (the door then predicts no slot wait)."""
         slots = self.siblings.slots()
         return None if slots is None else max(1, slots // self.siblings.count)
+
+    @property
+    def _step_tokens(self) -> int | None:
+        """This process's share of what the engines prefill in a step (``max_num_batched_tokens`` each); None
+        where this release does not say."""
+        config = getattr(self._client, "vllm_config", None)
+        tokens = getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None)
+        engines = getattr(getattr(config, "parallel_config", None), "data_parallel_size", 1)
+        if not isinstance(tokens, int) or not isinstance(engines, int):
+            return None
+        return max(1, tokens * engines // self.siblings.count)
 
     async def set_batch(self, body: bytes, client: str) -> BatchState:
         async with self._lock, self.siblings.exclusive():
@@ -263,6 +280,14 @@ class AdminService:
             return None, None if prediction is None else prediction.ttft_seconds
         self._predicted_refusals.inc()
         return PREDICTED_TTFT, prediction.ttft_seconds
+
+    def track(self) -> Ticket | None:
+        """A ticket for a request the door admitted, which its second look may still refuse while it is queued
+        (second_look.py); None where the per-request door is off."""
+        return self._second_look.track() if self.predicts() else None
+
+    def untrack(self, ticket: Ticket) -> None:
+        self._second_look.untrack(ticket)
 
     def _bound(self, name: str) -> int | float | None:
         """A cap in force here, or the per-request door's bound, by its name in the admission route."""
@@ -389,6 +414,12 @@ class NoDoor:
 
     def predicted(self, prompt_tokens: int | None) -> tuple[None, None]:
         return None, None
+
+    def track(self) -> None:
+        return None
+
+    def untrack(self, ticket: Ticket) -> None:
+        return None
 
     def retry_after(self) -> int:
         return 1
