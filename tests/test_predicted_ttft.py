@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from batchlens.predicted_ttft import (
+    LOOK_MOST,
     MIN_PREFILLS,
     SLOT_MARGIN,
     Backlog,
@@ -325,3 +326,5 @@ def test_the_second_look_refuses_the_earliest_that_would_miss_and_looks_again() 
     # The decoding requests take a token of each step and hold the slots: with one slot left, the fourth waits.
     assert late_in_queue(prompts, [0.0, 0.0, 0.0, 1.0], 10, 11, 1010, rates, 3.0) == [3]
     assert late_in_queue(prompts, waited, 0, None, 1000, learned(prompts=(500,))[0], 3.0) == []  # no rate: open
+    # A look refuses LOOK_MOST at most: the rest wait for the next (each refusal means judging the queue again).
+    assert late_in_queue([1000] * 40, [9.0] * 40, 0, None, 1000, rates, 3.0) == list(range(LOOK_MOST))

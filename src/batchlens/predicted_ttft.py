@@ -52,6 +52,10 @@ SLOT_MARGIN = 0.25
 #: How quickly the learned time a decode step takes follows the batch (seconds): the step lengthens as a burst fills
 #: the batch, within seconds, where the rates above look back half a minute.
 DECODE_TIME_CONSTANT = 2.0
+#: The most requests one second look refuses: each refusal means judging the queue again, and with 1,000 requests
+#: in prefill, all late, looking until none is took 0.24 s of the API server's loop. The rest are judged at the
+#: next look (the plugin's next tick, 25 ms later), their waits only longer.
+LOOK_MOST = 16
 #: The queued-token cap behind the per-request door is this multiple of the cap alone: a backstop against a
 #: backlog the door cannot see (a rate not learned yet), not the judge. At 1 it refused, at the conversation
 #: trace's cliff, the marginal requests that the door had judged would make it (a third of its sheds false).
@@ -375,20 +379,21 @@ def late_in_queue(prompts: Sequence[int], waited: Sequence[float | None], decodi
     ``limit``: the batch's slots (None: not known, every prompt has one).
 
     One at a time, the earliest to arrive first: it misses by the most, and refusing it shortens the steps of
-    those behind it, which may then make it. Unknown rates: none (the door fails open)."""
+    those behind it, which may then make it; LOOK_MOST at a time. Unknown rates: none (the door fails open)."""
     rate = rates.prefill_tokens_per_second
     if rate is None:
         return []
     lone = rates.lone or (0.0, 1 / rate)  # as :func:`predict` takes a prompt's own time without the fit
     left = list(range(len(prompts)))
     refused: list[int] = []
-    while True:
+    while len(refused) < LOOK_MOST:
         slotted = len(left) if limit is None else min(max(limit - decoding, 0), len(left))
         times = first_token_seconds([prompts[i] for i in left], slotted, rates.partial_tokens,
                                     step_tokens - decoding, lone)  # fmt: skip
         over = (i for i, t in zip(left, times, strict=True) if waited[i] is not None and waited[i] + t > budget_seconds)
         late = next(over, None)
         if late is None:
-            return refused
+            break
         refused.append(late)
         left.remove(late)
+    return refused
