@@ -97,19 +97,10 @@ class ArrivalMiddleware:
             nonlocal refused
             if refused:
                 return
-            if message["type"] == "http.response.start" and message.get("status") == 200:
-                content_type = dict(message.get("headers") or ()).get(b"content-type", b"")
-                self.arrivals.answered(content_type.startswith(b"text/event-stream"))
-                if predicted is not None:
-                    said = (_PREDICTED_KEY, f"{predicted:.3f}".encode())
-                    message = {**message, "headers": [*(message.get("headers") or ()), said]}
-                if ticket is not None:
-                    held.append(message)
-                    return
-            elif message["type"] == "http.response.start" and message.get("status") == 503:
+            if message["type"] == "http.response.start" and (ticket is not None or message.get("status") == 503):
                 held.append(message)
                 return
-            elif held and message["type"] == "http.response.body":
+            if held and message["type"] == "http.response.body":
                 start = held.pop()
                 if ticket is not None:
                     door.untrack(ticket)
@@ -122,8 +113,20 @@ class ArrivalMiddleware:
                     self.arrivals.refused(door_class)
                     headers = [h for h in start.get("headers") or () if h[0].lower() != b"retry-after"]
                     start = {**start, "headers": [*headers, (b"retry-after", str(door.retry_after()).encode())]}
-                await send(start)
+                await send(answered(start))
+            elif message["type"] == "http.response.start":
+                message = answered(message)
             await send(message)
+
+        def answered(start: dict) -> dict:
+            """A start as it goes out: an answer counted, stream or not, and told its prediction."""
+            if start.get("status") != 200:
+                return start
+            content_type = dict(start.get("headers") or ()).get(b"content-type", b"")
+            self.arrivals.answered(content_type.startswith(b"text/event-stream"))
+            if predicted is None:
+                return start
+            return {**start, "headers": [*(start.get("headers") or ()), (_PREDICTED_KEY, f"{predicted:.3f}".encode())]}
 
         try:
             await self.app(scope, receive, watch)
