@@ -314,9 +314,9 @@ def test_the_requests_holding_a_slot_share_their_steps_and_one_waiting_for_a_slo
 
 
 def test_the_second_look_refuses_the_earliest_that_would_miss_and_looks_again() -> None:
-    """Four prompts of 1,000 sharing 1,000-token steps of 1 ms a token (no step time): first tokens at 1, 2, 3 and
-    4 s. With a 3 s bound and the first two having waited 2.5 s, the first misses (3.5 s): refused, the second's
-    then comes at 1 s (3.5 s waited: refused too), and the third and fourth, which have waited nothing, make it."""
+    """Four prompts of 1,000 in 1,000-token steps of 1 ms a token (no step time): first tokens at 1, 2, 3 and 4 s.
+    With a 3 s bound and the first two having waited 2.5 s, the first misses (3.5 s): refused, the second's then
+    comes at 1 s (3.5 s waited: refused too), and the third and fourth, which have waited nothing, make it."""
     rates, _ = learned(rate=1000.0)  # no step time: the fit may say nothing, and the rate is the time a token
     prompts, waited = [1000] * 4, [2.5, 2.5, 0.0, 0.0]
     assert late_in_queue(prompts, waited, decoding=0, limit=None, step_tokens=1000, rates=rates,
@@ -326,5 +326,9 @@ def test_the_second_look_refuses_the_earliest_that_would_miss_and_looks_again() 
     # The decoding requests take a token of each step and hold the slots: with one slot left, the fourth waits.
     assert late_in_queue(prompts, [0.0, 0.0, 0.0, 1.0], 10, 11, 1010, rates, 3.0) == [3]
     assert late_in_queue(prompts, waited, 0, None, 1000, learned(prompts=(500,))[0], 3.0) == []  # no rate: open
+    # The slots known, a short prompt shares its step with the long one behind it (1 s) and misses; not known, the
+    # door judges it by its lower bound (alone: 0.2 s) and refuses nothing that could make it.
+    assert late_in_queue([200, 800], [0.5, 0.0], 0, 2, 1000, rates, 1.0) == [0]
+    assert late_in_queue([200, 800], [0.5, 0.0], 0, None, 1000, rates, 1.0) == []
     # A look refuses LOOK_MOST at most: the rest wait for the next (each refusal means judging the queue again).
     assert late_in_queue([1000] * 40, [9.0] * 40, 0, None, 1000, rates, 3.0) == list(range(LOOK_MOST))

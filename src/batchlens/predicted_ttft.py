@@ -376,7 +376,8 @@ def late_in_queue(prompts: Sequence[int], waited: Sequence[float | None], decodi
     arrival order) of those whose first token, with the queue as it stands, would come past ``budget_seconds``
     after their arrival. ``waited``: how long each has waited (None: not the door's to refuse, as one whose answer
     has begun). ``decoding``: requests past their first token, which hold slots and take a token of each step;
-    ``limit``: the batch's slots (None: not known, every prompt has one).
+    ``limit``: the batch's slots (None: not known, and then each request is judged by its lower bound, as if it
+    waited for a slot: a door that does not know the slots refuses only what misses whoever has one).
 
     One at a time, the earliest to arrive first: it misses by the most, and refusing it shortens the steps of
     those behind it, which may then make it; LOOK_MOST at a time. Unknown rates: none (the door fails open)."""
@@ -387,7 +388,7 @@ def late_in_queue(prompts: Sequence[int], waited: Sequence[float | None], decodi
     left = list(range(len(prompts)))
     refused: list[int] = []
     while len(refused) < LOOK_MOST:
-        slotted = len(left) if limit is None else min(max(limit - decoding, 0), len(left))
+        slotted = 0 if limit is None else min(max(limit - decoding, 0), len(left))
         times = first_token_seconds([prompts[i] for i in left], slotted, rates.partial_tokens,
                                     step_tokens - decoding, lone)  # fmt: skip
         over = (i for i, t in zip(left, times, strict=True) if waited[i] is not None and waited[i] + t > budget_seconds)

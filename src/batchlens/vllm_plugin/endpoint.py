@@ -86,7 +86,7 @@ class AdminService:
         self._predicted_ttft: float | None = None
         self._watch = Watch()
         self._second_look = SecondLook()
-        self._said_unreadable = False
+        self._said_unreadable = self._said_unjudged = False
         self._predicted_refusals = predicted_rejections(engine_client) if self._door is not None else None
         if self._door is not None and self.siblings.count > 1:
             self._door.count_server_wide(lambda: self.siblings.totals(*self._door.counts(), time.monotonic_ns()))
@@ -111,9 +111,7 @@ class AdminService:
         if (door := self._door) is not None:
             self._sample()
             if self.predicts():
-                refused = self._second_look.judge(self._client, self._watch.rates, self._slots, self._step_tokens,
-                                                  self._predicted_ttft)  # fmt: skip
-                self._predicted_refusals.inc(refused)
+                self._look_again()
             if self.siblings.count > 1:
                 self.siblings.publish(*door.counts(), self._applied, time.monotonic_ns())
 
@@ -128,6 +126,20 @@ class AdminService:
                 log.exception("batchlens: the per-request door cannot read vLLM's request states: it admits "
                               "every request unjudged")  # fmt: skip
             return None
+
+    def _look_again(self) -> None:
+        """The door's second look at the requests it admitted (second_look.py); where vLLM's request states cannot
+        be read so, said once, and the door judges at arrival alone."""
+        try:
+            refused = self._second_look.judge(self._client, self._watch.rates, self._slots, self._step_tokens,
+                                              self._predicted_ttft)  # fmt: skip
+        except Exception:
+            if not self._said_unjudged:
+                self._said_unjudged = True
+                log.exception("batchlens: the per-request door cannot judge vLLM's queued requests again: it judges "
+                              "each request at its arrival alone")  # fmt: skip
+            return
+        self._predicted_refusals.inc(refused)
 
     def start(self) -> asyncio.Task | None:
         """The tick, as a task of vLLM's running loop (held by the caller, so that the loop does not drop it):
