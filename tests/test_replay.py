@@ -456,5 +456,7 @@ def test_the_doors_second_look_refuses_a_request_waiting_for_a_slot_once_it_woul
     assert all(0.3 < r.finished_at - r.arrival <= SLO.ttft_seconds for r in waiting), [r.finished_at for r in waiting]
     assert run.false_sheds == 0 and run.false_shed_sample == 3
     assert [r.finish_reason for r in arrivals[-2:]] == ["length", "length"]
+    assert ", 3 of them while queued (the door's second look)" in table([run], None, SLO)
+    assert rows([run])[0]["refused_queued"] == 3
     counted = parse_samples(replica.metrics.render().decode())
     assert one(counted, "vllm:admission_rejections_total", reason="predicted_ttft") == 3

@@ -41,7 +41,8 @@ def rows(runs: Sequence[Run]) -> list[dict]:
     out = []
     for run in runs:
         row = {"policy": run.policy, **asdict(run.judgement), "refused": run.refused, "shed": run.shed,
-               "false_sheds": run.false_sheds, "false_shed_sample": run.false_shed_sample,
+               "refused_queued": run.refused_queued, "false_sheds": run.false_sheds,
+               "false_shed_sample": run.false_shed_sample,
                "limit_changes": max(len(run.limits) - 1, 0), "final_limit": run.limits[-1][1] if run.limits else None,
                "decisions": run.decisions or None}  # fmt: skip
         out.append({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
@@ -58,9 +59,13 @@ def table(runs: Sequence[Run], best: Run | None, slo: Slo) -> str:
             lines.append(f"{run.policy}: {run.refused} of {run.judgement.requests} requests refused at arrival as "
                          "longer than --max-model-len (not good)")  # fmt: skip
         if run.shed:
+            queued = ""
+            if run.refused_queued:
+                queued = f", {run.refused_queued} of them while queued (the door's second look)"
             lines.append(f"{run.policy}: {run.shed} of {run.judgement.requests} requests shed at the door by the "
-                         f"queued-token cap (not good); about {run.false_sheds} of them would have met the SLO had "
-                         f"they been admitted (from {run.false_shed_sample} replayed admitted)")  # fmt: skip
+                         f"queued-token cap or the per-request door (not good){queued}; about {run.false_sheds} of "
+                         f"them would have met the SLO had they been let in or left queued (from "
+                         f"{run.false_shed_sample} replayed so)")  # fmt: skip
     if best:
         base = {run.policy: run.judgement.goodput_rps for run in runs}
         ratios = [f"{policy}/oracle {value / best.judgement.goodput_rps:.2f}" for policy, value in base.items()
