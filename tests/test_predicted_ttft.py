@@ -307,10 +307,10 @@ def test_the_requests_holding_a_slot_share_their_steps_and_one_waiting_for_a_slo
     token. The two holding slots share their steps: the first's first token ends the first (full) step, at 1.1 s,
     and the second's the next (200 tokens), at 0.2 + 1.2 s. The third, waiting for a slot, gets its first token no
     sooner than if it had one and nobody behind it: at the end of a second step of 800 tokens, 0.2 + 1.8 s."""
-    times = first_token_seconds([1000, 600, 600], slotted=2, done_tokens=400, step_tokens=1000, lone=(0.1, 0.001))
+    times = list(first_token_seconds([1000, 600, 600], slotted=2, done_tokens=400, step_tokens=1000, lone=(0.1, 0.001)))
     assert times == pytest.approx([1.1, 1.4, 2.0])
     # Every one with a slot: the third's prompt fills the second step, and the second's first token comes with it.
-    assert first_token_seconds([1000, 600, 600], 3, 400, 1000, (0.1, 0.001)) == pytest.approx([1.1, 2.0, 2.0])
+    assert list(first_token_seconds([1000, 600, 600], 3, 400, 1000, (0.1, 0.001))) == pytest.approx([1.1, 2.0, 2.0])
 
 
 def test_the_second_look_refuses_the_earliest_that_would_miss_and_looks_again() -> None:

@@ -29,6 +29,7 @@ import pytest
 from batchlens.admin_api import ADMISSION_PATH, BATCH_PATH, CACHE_RESET_PATH, INFO_PATH, TOKEN_ENV
 from batchlens.queued_caps import MESSAGES, PREDICTED_TTFT, PRIORITY_HEADER
 from batchlens.vllm_plugin.admin_port import HOST_ENV, PORT_ENV, AdminListen, admin_listen
+from batchlens.vllm_plugin.second_look import TOKEN_PREFIX, SecondLook, judged_again, request_id_header
 from harness.admin import (
     AdminClient,
     check_admission_contract,
@@ -159,12 +160,15 @@ def test_a_queued_cap_set_at_runtime_makes_vllm_itself_refuse_the_overflow(
 
 def door_completion(
     server: VllmServer, prompt_tokens: int, max_tokens: int = 4, priority: int | None = None, seed: int = 0,
-    stream: bool = False,
+    stream: bool = False, prompts: int = 1, n: int = 1,
 ) -> tuple[int, dict[str, str], bytes]:  # fmt: skip
     """One completion of ``prompt_tokens`` token ids drawn from ``seed`` (so that no prefix cache makes its prefill
-    free): its status, its headers (lower-cased names) and its body."""
-    ids = random.Random(seed).choices(range(3, 1000), k=prompt_tokens)
-    payload = {"model": server.model, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    free; ``prompts`` such prompts, ``n`` answers to each): its status, its headers (lower-cased names) and its
+    body."""
+    rng = random.Random(seed)
+    ids = [rng.choices(range(3, 1000), k=prompt_tokens) for _ in range(prompts)]
+    payload = {"model": server.model, "prompt": ids[0] if prompts == 1 else ids, "max_tokens": max_tokens,
+               "ignore_eos": True, "stream": stream, "n": n}  # fmt: skip
     headers = {"Content-Type": "application/json", **({} if priority is None else {PRIORITY_HEADER: str(priority)})}
     request = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(payload).encode(), headers=headers)
     try:
@@ -267,10 +271,11 @@ def test_the_per_request_door_predicts_each_requests_ttft_and_refuses_a_predicte
 def test_the_doors_second_look_refuses_the_queued_requests_that_would_now_miss_and_no_other(
     vllm_server: VllmServer, session_admin: AdminClient
 ) -> None:
-    """Admitted under an hour's bound, three requests wait for the one slot that a long one holds (limit 1). The
-    bound falls to 1 ms: on its next tick the door judges them again and refuses all three while queued, a
-    streamed one too. Each client gets the door's 503 and Retry-After, not vLLM's answer; vLLM aborts them (none
-    waits) and counts each refusal; the long one, past its first token, runs on to its end."""
+    """Admitted under an hour's bound, three requests wait for the one slot that a long one holds (limit 1): a
+    streamed one, one of two prompts and one of n=2, five requests in vLLM. The bound falls to 1 ms: on its next
+    tick the door judges them again and refuses all three while queued. Each client gets the door's 503 and
+    Retry-After, not vLLM's answer; vLLM aborts all five (none waits) and counts each HTTP request's refusal once;
+    the long one, past its first token, runs on to its end."""
     long_reply: list[tuple[int, dict[str, str], bytes]] = []
     queued: list[tuple[int, dict[str, str], bytes]] = []
     before = predicted_rejections(vllm_server)[0]
@@ -280,9 +285,11 @@ def test_the_doors_second_look_refuses_the_queued_requests_that_would_now_miss_a
         session_admin.set_limit(1)
         pool.submit(lambda: long_reply.append(door_completion(vllm_server, 64, max_tokens=1500, seed=11)))
         wait_for(vllm_server, lambda running, waiting: running == 1, "the long request running")
-        waiting = [pool.submit(door_completion, vllm_server, 256, max_tokens=8, seed=20 + i, stream=i == 0)
-                   for i in range(3)]  # fmt: skip
-        wait_for(vllm_server, lambda running, waiting: waiting == 3, "three requests waiting for the slot")
+        # One streamed, one of two prompts, one of n=2 (the last two are two requests in vLLM each).
+        shapes = ({"stream": True}, {"prompts": 2}, {"n": 2})
+        waiting = [pool.submit(door_completion, vllm_server, 256, max_tokens=8, seed=20 + i, **shape)
+                   for i, shape in enumerate(shapes)]  # fmt: skip
+        wait_for(vllm_server, lambda running, waiting: waiting == 5, "five requests in vLLM waiting for the slot")
         set_caps(session_admin, max_predicted_ttft_seconds=0.001)
         queued = [future.result(timeout=60) for future in waiting]
         # The client has its 503 once vLLM's API server has aborted the request; its engine, a step later.
@@ -298,6 +305,30 @@ def test_the_doors_second_look_refuses_the_queued_requests_that_would_now_miss_a
     assert predicted_rejections(vllm_server)[0] - before == 3
     status, _, body = long_reply[0]
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 1500, (status, body[:300])
+
+
+def test_the_second_look_names_a_request_by_a_token_of_its_own_and_judges_only_what_vllm_names_so() -> None:
+    """The token goes after a client's X-Request-Id (a gateway such as Envoy sets one on every request), is found
+    only where vLLM puts it (the end of the id, or before a prompt's index), and a request vLLM names otherwise, or
+    that is several in vLLM for each token (beam search), is judged at arrival alone."""
+    token = TOKEN_PREFIX + "ab" * 16
+    assert request_id_header([(b"x-priority", b"1")], token) == [
+        (b"x-priority", b"1"),
+        (b"x-request-id", token.encode()),
+    ]
+    assert request_id_header([(b"X-Request-Id", b"envoy-7")], token) == [(b"x-request-id", f"envoy-7-{token}".encode())]
+    look = SecondLook()
+    ticket = look.track()
+    for vllm_id in (f"chatcmpl-{ticket.token}", f"cmpl-{ticket.token}-1", f"chatcmpl-envoy-7-{ticket.token}"):
+        assert look._ticket_of(vllm_id) is ticket, vllm_id
+    for vllm_id in (f"chatcmpl-{ticket.token}x", f"cmpl-mine{ticket.token}-0", f"chatcmpl-{ticket.token}-beam-0"):
+        assert look._ticket_of(vllm_id) is None, vllm_id
+    body = json.dumps({"model": "m", "prompt": "hi"}).encode()
+    assert judged_again("/v1/completions", body) and judged_again("/v1/chat/completions", body)
+    assert not judged_again("/v1/responses", body) and not judged_again("/v1/completions", None)
+    for extra in ({"use_beam_search": True}, {"request_id": "mine"}):
+        assert not judged_again("/v1/completions", json.dumps({"prompt": "hi", **extra}).encode()), extra
+    assert judged_again("/v1/completions", json.dumps({"prompt": "hi", "use_beam_search": False}).encode())
 
 
 def test_the_plugin_vllm_loaded_is_the_wheels(session_admin: AdminClient, distributions: Distributions) -> None:

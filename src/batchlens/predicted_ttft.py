@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,9 +52,10 @@ SLOT_MARGIN = 0.25
 #: How quickly the learned time a decode step takes follows the batch (seconds): the step lengthens as a burst fills
 #: the batch, within seconds, where the rates above look back half a minute.
 DECODE_TIME_CONSTANT = 2.0
-#: The most requests one second look refuses: each refusal means judging the queue again, and with 1,000 requests
-#: in prefill, all late, looking until none is took 0.24 s of the API server's loop. The rest are judged at the
-#: next look (the plugin's next tick, 25 ms later), their waits only longer.
+#: The most requests one second look refuses: each refusal means judging the queue again. With 1,000 requests in
+#: prefill, all late, looking until none is took 12 ms of the API server's loop; 16 at most, 0.35 ms, as long as
+#: a look that refuses none. The rest are judged at the next look (the plugin's next tick, 25 ms later), their
+#: waits only longer.
 LOOK_MOST = 16
 #: The queued-token cap behind the per-request door is this multiple of the cap alone: a backstop against a
 #: backlog the door cannot see (a rate not learned yet), not the judge. At 1 it refused, at the conversation
@@ -346,7 +347,7 @@ class Watch:
 
 
 def first_token_seconds(prompts: Sequence[int], slotted: int, done_tokens: float, step_tokens: int,
-                        lone: tuple[float, float]) -> list[float]:  # fmt: skip
+                        lone: tuple[float, float]) -> Iterator[float]:  # fmt: skip
     """When each request in prefill gets its first token, in seconds from now, if no more arrive: ``prompts`` in
     arrival order (the order the engine prefills and gives slots in), the first ``slotted`` of them holding a slot.
 
@@ -355,19 +356,16 @@ def first_token_seconds(prompts: Sequence[int], slotted: int, done_tokens: float
     that hold a slot share their steps, so one gets its first token at the end of the step that reaches it, which
     the prompts behind it fill. One that waits for a slot gets it no sooner than if it had one and nobody behind it
     shared its step: that bound, a lower one, is its time (where a request shares its steps with the prompts behind
-    it, the door's estimate at arrival cannot see them: docs/admission.md, re-judging the queue)."""
+    it, the door's estimate at arrival cannot see them: docs/admission.md, "The second look")."""
     step, per_token = lone
     budget = max(step_tokens, 1)
-    ahead, times = -done_tokens, []  # prompt tokens to prefill up to and including each request
-    for prompt in prompts:
+    shared = max(sum(prompts[:slotted]) - done_tokens, 1.0)  # what the slotted requests' steps prefill in all
+    ahead = -done_tokens  # prompt tokens to prefill up to and including each request
+    for i, prompt in enumerate(prompts):  # lazily: a look stops at the first request that would miss
         ahead += prompt
-        times.append(max(ahead, 1.0))
-    shared = times[slotted - 1] if slotted else 0.0  # what the slotted requests' steps prefill in all
-    return [
-        math.ceil(tokens / budget) * step + per_token * (min(shared, math.ceil(tokens / budget) * budget)
-                                                         if i < slotted else tokens)
-        for i, tokens in enumerate(times)
-    ]  # fmt: skip
+        tokens = max(ahead, 1.0)
+        steps = math.ceil(tokens / budget)
+        yield steps * step + per_token * (min(shared, steps * budget) if i < slotted else tokens)
 
 
 def late_in_queue(prompts: Sequence[int], waited: Sequence[float | None], decoding: int, limit: int | None,
@@ -380,9 +378,10 @@ def late_in_queue(prompts: Sequence[int], waited: Sequence[float | None], decodi
     waited for a slot: a door that does not know the slots refuses only what misses whoever has one).
 
     One at a time, the earliest to arrive first: it misses by the most, and refusing it shortens the steps of
-    those behind it, which may then make it; LOOK_MOST at a time. Unknown rates: none (the door fails open)."""
+    those behind it, which may then make it; LOOK_MOST at a time. Unknown rates, or decodes that fill the step (an
+    API server's share of it, where the shares run uneven): none (the door fails open)."""
     rate = rates.prefill_tokens_per_second
-    if rate is None:
+    if rate is None or step_tokens <= decoding:  # nor when the decodes fill a step: when a prompt gets in is unknown
         return []
     lone = rates.lone or (0.0, 1 / rate)  # as :func:`predict` takes a prompt's own time without the fit
     left = list(range(len(prompts)))

@@ -236,7 +236,6 @@ class Simulator:
                 self.metrics.admission_rejections[reason].inc()
             return self._refused(reason, state)
         pending = self.submit(req.prompt_tokens, req.max_tokens)
-        self.arrivals.answered(req.stream)
         request_id = api.new_id(chat)
         said = {} if predicted is None else {PREDICTED_TTFT_HEADER: f"{predicted:.3f}"}  # as the plugin tells it
         try:
@@ -245,6 +244,7 @@ class Simulator:
             if pending.refused:
                 self.arrivals.refused(door_class)
                 return self._refused(PREDICTED_TTFT, self.admission())
+            self.arrivals.answered(req.stream)  # as the plugin counts an answer: when its start goes out
             if req.stream:
                 return await self._stream(request, req, request_id, pending, said, first)
             while first is not None:

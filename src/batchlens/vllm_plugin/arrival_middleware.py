@@ -35,12 +35,11 @@ from batchlens.queued_caps import (
     priority_class,
     refusal_body,
 )
-from batchlens.vllm_plugin.second_look import Ticket
+from batchlens.vllm_plugin.second_look import Ticket, judged_again, request_id_header
 
 _metrics: ArrivalMetrics | None = None
 _PRIORITY_KEY = PRIORITY_HEADER.encode()  # as ASGI gives header names: bytes, once, not on every request
 _PREDICTED_KEY = PREDICTED_TTFT_HEADER.encode()
-_REQUEST_ID_KEY = b"x-request-id"
 #: A body past this size is not read for the per-request door: it goes on unjudged (vLLM answers what it says).
 MAX_JUDGED_BODY_BYTES = 4 * 1024 * 1024
 
@@ -76,7 +75,7 @@ class ArrivalMiddleware:
         door_class = priority_class(priority)
         self.arrivals.arrived(time.monotonic(), door_class)
         door = self.door()
-        predicted = None
+        predicted, body = None, None
         if (reason := door.refusal(priority)) is None and door.predicts():
             held, body = await read_body(receive)
             receive = replay(held, receive)
@@ -86,9 +85,9 @@ class ArrivalMiddleware:
             await refuse(send, reason, door.retry_after())
             return
 
-        ticket = door.track() if predicted is not None and not _has_request_id(scope) else None
+        ticket = door.track() if predicted is not None and judged_again(scope["path"], body) else None
         if ticket is not None:  # vLLM names the request by it, and the door's second look finds it so
-            scope = {**scope, "headers": [*(scope.get("headers") or ()), (_REQUEST_ID_KEY, ticket.token.encode())]}
+            scope = {**scope, "headers": request_id_header(list(scope.get("headers") or ()), ticket.token)}
         held: list[dict] = []  # a 503's start, until its body says whether a queued cap refused; an admitted
         # request's start, until its first body (its first token), while the door's second look may refuse it
         refused = False  # by the second look, and the client has the door's 503: vLLM's answer to the abort is dropped
@@ -133,10 +132,6 @@ class ArrivalMiddleware:
         finally:
             if ticket is not None:
                 door.untrack(ticket)
-
-
-def _has_request_id(scope: dict) -> bool:
-    return any(key.lower() == _REQUEST_ID_KEY for key, _ in scope.get("headers") or ())
 
 
 async def read_body(receive: Any) -> tuple[list[dict], bytes | None]:

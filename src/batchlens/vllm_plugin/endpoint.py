@@ -206,7 +206,13 @@ class AdminService:
         where this release does not say."""
         config = getattr(self._client, "vllm_config", None)
         tokens = getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None)
-        engines = getattr(getattr(config, "parallel_config", None), "data_parallel_size", 1)
+        parallel = getattr(config, "parallel_config", None)
+        if getattr(parallel, "data_parallel_external_lb", False):
+            engines = 1  # each API server feeds its own engine
+        elif getattr(parallel, "data_parallel_hybrid_lb", False):
+            engines = getattr(parallel, "data_parallel_size_local", 1)  # this node's API servers, its engines
+        else:
+            engines = getattr(parallel, "data_parallel_size", 1)
         if not isinstance(tokens, int) or not isinstance(engines, int):
             return None
         return max(1, tokens * engines // self.siblings.count)

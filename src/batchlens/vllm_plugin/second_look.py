@@ -8,15 +8,19 @@ miss its TTFT is refused as at the door: vLLM aborts it (the abort a client's di
 gets the door's 503 with its Retry-After.
 
 Only a request whose answer has not begun can be refused so. The arrival middleware holds each admitted
-request's response start until its first body message (vLLM sends it with the first token, streamed or not) and
-gives a :class:`Ticket` to this registry; it names the request to vLLM by an ``X-Request-Id`` of its own
-(``batchlens-<hex>``), which vLLM puts in its request ids. A request that came with an ``X-Request-Id`` keeps it
-and is not judged again: two clients may send the same one, and the wrong request would be aborted.
+request's response start until its first body message (vLLM sends it with the first token when it streams, with
+the whole answer when it does not) and gives a :class:`Ticket` to this registry; it names the request to vLLM by
+an ``X-Request-Id`` that ends in a token of its own (``batchlens-<hex>``, after the client's id where it sent one),
+which vLLM puts in its request ids. One HTTP request may be several requests in vLLM (a list of prompts, ``n``):
+the door refuses it whole, and its answer has begun once any of them is past its first token. Requests judged at
+arrival alone: ``/v1/responses`` (vLLM names it by its body, not the header), beam search (a new request in vLLM for
+each output token) and a body that sets its own ``request_id`` (the header would override it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -29,7 +33,11 @@ from batchlens.predicted_ttft import Rates, late_in_queue
 log = logging.getLogger("vllm.batchlens")
 
 TOKEN_PREFIX = "batchlens-"
-_TOKEN = re.compile(TOKEN_PREFIX + "[0-9a-f]{32}")
+#: The token as vLLM's ids carry it: the end of the id the header gave (``chatcmpl-<id>``), or before the index
+#: of one of its prompts (``cmpl-<id>-<i>``); never a token somewhere inside an id a client chose.
+_TOKEN = re.compile(f"(?:^|-)({TOKEN_PREFIX}[0-9a-f]{{32}})(?:-[0-9]+)?$")
+#: Where vLLM names a request by the ``X-Request-Id`` header (its ``/v1/responses`` names it by the body).
+JUDGED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass
@@ -66,24 +74,29 @@ class SecondLook:
             return 0
         now = time.monotonic()
         # Read between two awaits: the output processor's writer is on this loop. Insertion order is arrival order.
-        states = list(engine_client.output_processor.request_states.items())
-        queued = [(rid, s) for rid, s in states if s.is_prefilling]
-        tickets = [self._ticket_of(getattr(s, "external_req_id", None) or rid) for rid, s in queued]
+        states = [(_external_id(rid, s), s) for rid, s in list(engine_client.output_processor.request_states.items())]
+        for request_id, state in states:
+            if not state.is_prefilling and (ticket := self._ticket_of(request_id)) is not None:
+                self.untrack(ticket)  # one of its requests has its first token: its answer has begun
+        queued = [(request_id, s) for request_id, s in states if s.is_prefilling]
+        tickets = [self._ticket_of(request_id) for request_id, _ in queued]
         late = late_in_queue([s.prompt_len or 0 for _, s in queued],
                              [None if t is None else now - t.arrived for t in tickets],
                              len(states) - len(queued), slots, step_tokens, rates, budget_seconds)  # fmt: skip
-        for i in late:
-            ticket, (rid, state) = tickets[i], queued[i]
+        refused = {tickets[i].token: tickets[i] for i in late}
+        for ticket in refused.values():
             ticket.refused = True
             self.untrack(ticket)
-            self._abort(engine_client, getattr(state, "external_req_id", None) or rid)
-            log.debug("batchlens: the door refused request %s while queued (waited %.3fs; bound %.3fs)", rid,
-                      now - ticket.arrived, budget_seconds)  # fmt: skip
-        return len(late)
+            log.debug("batchlens: the door refused request %s while queued (waited %.3fs; bound %.3fs)",
+                      ticket.token, now - ticket.arrived, budget_seconds)  # fmt: skip
+        # Every request in vLLM that the HTTP request made (its prompts, its n), each once.
+        for request_id in dict.fromkeys(r for r, _ in states if (m := _TOKEN.search(r)) and m.group(1) in refused):
+            self._abort(engine_client, request_id)
+        return len(refused)
 
     def _ticket_of(self, request_id: str) -> Ticket | None:
         match = _TOKEN.search(request_id)
-        ticket = None if match is None else self._tickets.get(match.group())
+        ticket = None if match is None else self._tickets.get(match.group(1))
         return None if ticket is None or ticket.refused else ticket
 
     def _abort(self, engine_client: Any, request_id: str) -> None:
@@ -97,3 +110,29 @@ class SecondLook:
         task = asyncio.get_running_loop().create_task(abort())
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+
+def _external_id(request_id: str, state: Any) -> str:
+    """The id vLLM was given for a request (its request states are keyed by an id of its own since 0.12)."""
+    return getattr(state, "external_req_id", None) or request_id
+
+
+def judged_again(path: str, body: bytes | None) -> bool:
+    """Whether a request on ``path`` with ``body`` can be judged again while queued (see above)."""
+    if path not in JUDGED_PATHS or body is None:
+        return False
+    if b"use_beam_search" not in body and b'"request_id"' not in body:
+        return True  # most bodies: no second parse
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(request, dict) and not request.get("use_beam_search") and request.get("request_id") is None
+
+
+def request_id_header(headers: list, token: str) -> list:
+    """The request's headers with the ``X-Request-Id`` that names it to vLLM: the client's, if it sent one, and the
+    token after it."""
+    given = [value for key, value in headers if key.lower() == b"x-request-id"]
+    others = [(key, value) for key, value in headers if key.lower() != b"x-request-id"]
+    return [*others, (b"x-request-id", (given[0] + b"-" if given else b"") + token.encode())]
