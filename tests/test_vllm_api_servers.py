@@ -129,21 +129,32 @@ def test_a_request_cap_holds_over_every_api_server_and_each_scrape_counts_it(ser
 
 def test_the_per_request_door_judges_on_every_api_server(served: Served) -> None:
     """One PUT of the door's bound reaches every API server; each learns its rates from its own requests (8 first
-    tokens: 40 requests leave either with fewer one time in 10^5), and then, at a bound no request can meet,
-    neither lets one through, and each refusal is counted once, whichever process is scraped."""
+    tokens: 40 requests leave either with fewer one time in 10^5). Then every engine core's one slot is held and
+    8 requests, spread over the API servers by their fresh connections, wait for one. At a bound no request can
+    meet, each API server's second look refuses the waiting ones it took, and neither lets a new one through;
+    each refusal is counted once, whichever process is scraped."""
     admin, server = served.admin, served.server
     before = door_counts(server)[0]
     set_caps(admin, max_predicted_ttft_seconds=3600)
+    pool = ThreadPoolExecutor(12)
     try:
-        with ThreadPoolExecutor(4) as pool:
-            assert set(pool.map(lambda _: server.status(32, 4), range(40))) == {200}
+        assert set(pool.map(lambda _: server.status(32, 4), range(40))) == {200}
+        admin.set_limit(1)
+        blockers = hold_every_engine(served, pool)
+        waiting = [pool.submit(server.status, 32, 4) for _ in range(8)]
+        until(lambda: state(admin)["num_unfinished_reqs"] == served.engines + 8, admin)
         set_caps(admin, max_predicted_ttft_seconds=0.001)
+        queued = [future.result(timeout=60) for future in waiting]
         statuses = [server.status(32, 4) for _ in range(16)]
     finally:
         set_caps(admin, max_predicted_ttft_seconds=None)
-    assert statuses == [503] * 16, statuses
+        admin.set_limit(SLOTS)
+        pool.shutdown(wait=True)
+    assert queued == [503] * 8 and statuses == [503] * 16, (queued, statuses)
+    assert [b.result() for b in blockers] == [200] * served.engines  # running: not the door's to refuse
+    arrived = 40 + served.engines + 8 + 16
     for vllm_refusals, door_refusals, arrivals in door_counts(server):
-        assert (vllm_refusals - before[0], door_refusals - before[1], arrivals - before[2]) == (16, 16, 56)
+        assert (vllm_refusals - before[0], door_refusals - before[1], arrivals - before[2]) == (24, 24, arrived)
 
 
 def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(served: Served) -> None:
@@ -154,13 +165,7 @@ def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(served: Ser
     admin.set_limit(1)
     pool = ThreadPoolExecutor(10)
     try:
-        blockers = []
-        for running in range(1, engines + 1):  # one at a time, so that vLLM's balancer gives each engine core one
-            blockers.append(pool.submit(server.status, 16, 800))
-            busy = sorted([0] * (engines - running) + [1] * running)
-            until(lambda b=busy: sorted(e.num_running for e in admin.state().engines) == b, admin)
-            time.sleep(0.5)  # the DP coordinator's counts reach both API servers' balancers
-        until(lambda: state(admin)["num_queued_tokens"] == 0, admin)  # all past their prefill
+        blockers = hold_every_engine(served, pool)
         set_caps(admin, max_num_queued_tokens=250)
         statuses = []
         for sent in range(1, 9):
@@ -182,6 +187,20 @@ def test_the_token_cap_counts_the_whole_servers_queued_prompt_tokens(served: Ser
     samples = parse_samples(server.metrics_text())
     arrivals = sum(v for k, v in samples.items() if k[0] == "batchlens_door_requests_total")
     assert one(samples, "batchlens_request_interarrival_seconds_count") == arrivals - 1
+
+
+def hold_every_engine(served: Served, pool: ThreadPoolExecutor) -> list:
+    """One long request running on each engine core (the limit set to 1 first), past its prefill: the futures.
+    Long: 800 output tokens ended within the token cap's test on a quiet two-core machine (1 run in 3)."""
+    admin, engines = served.admin, served.engines
+    blockers = []
+    for running in range(1, engines + 1):  # one at a time, so that vLLM's balancer gives each engine core one
+        blockers.append(pool.submit(served.server.status, 16, 2000))
+        busy = sorted([0] * (engines - running) + [1] * running)
+        until(lambda b=busy: sorted(e.num_running for e in admin.state().engines) == b, admin)
+        time.sleep(0.5)  # the DP coordinator's counts reach both API servers' balancers
+    until(lambda: state(admin)["num_queued_tokens"] == 0, admin)  # all past their prefill
+    return blockers
 
 
 def state(admin: AdminClient) -> dict:
