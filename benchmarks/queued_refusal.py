@@ -46,7 +46,7 @@ class Exact(Replica):
     would get its first token: it refuses the earliest that would miss, then looks again, until none would."""
 
     def rejudge(self) -> None:
-        while queued := self.queued():
+        while queued := self.engine.awaiting_first_token:
             firsts = first_tokens(self.engine, self.now)
             late = [r for r in queued if firsts.get(r.id, math.inf) - r.arrival > self.policy.bound]
             if not late:
@@ -57,7 +57,7 @@ class Exact(Replica):
 def first_tokens(engine: Engine, now: float) -> dict[str, float]:
     """When each request of ``engine`` still in prefill gets its first token, if no more arrive (by id)."""
     shadow = copy.deepcopy(engine)  # the look-ahead must not touch the real requests
-    pending = {r.id for r in (*shadow.running, *shadow.waiting) if r.first_token_at is None}
+    pending = {r.id for r in shadow.awaiting_first_token}
     got: dict[str, float] = {}
     t = now
     while pending - got.keys():

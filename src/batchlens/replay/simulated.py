@@ -146,17 +146,13 @@ class Replica:
         requests in prefill that would now miss their TTFT, with the queue as it stands, are refused as at the door
         (their clients get the 503)."""
         engine = self.engine
-        queued = self.queued()
+        queued = engine.awaiting_first_token
         if queued:
             late = self.policy.refuses_queued([r.prompt_tokens for r in queued], [self.now - r.arrival for r in queued],
                                               engine.unfinished - len(queued), engine.max_num_active_seqs,
                                               engine.max_num_batched_tokens)  # fmt: skip
             for index in late:
                 self.refuse_queued(queued[index])
-
-    def queued(self) -> list[SimRequest]:
-        """The requests in prefill, in the order the engine prefills them."""
-        return [r for r in (*self.engine.running, *self.engine.waiting) if r.first_token_at is None]
 
     def refuse_queued(self, request: SimRequest) -> None:
         """Refuse ``request``, in prefill: aborted, and counted as a shed (whether it would have been good had it

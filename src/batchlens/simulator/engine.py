@@ -108,6 +108,12 @@ class Engine:
         return sum(r.prompt_tokens for r in (*self.waiting, *self.running) if r.in_prefill)
 
     @property
+    def awaiting_first_token(self) -> list[SimRequest]:
+        """The requests with no first token yet, in the order the engine prefills them: what vLLM's API server sees
+        as in prefill (the per-request door's second look judges them)."""
+        return [r for r in (*self.running, *self.waiting) if r.first_token_at is None]
+
+    @property
     def unfinished(self) -> int:
         """Requests waiting or running, as vLLM's queued-request cap counts them."""
         return len(self.waiting) + len(self.running)

@@ -178,7 +178,7 @@ class Simulator:
         """The plugin's second look (vllm_plugin/second_look.py): the requests in prefill that would now miss their
         TTFT are aborted, and their clients answered the door's 503."""
         engine = self.engine
-        queued = [r for r in (*engine.running, *engine.waiting) if r.first_token_at is None]
+        queued = engine.awaiting_first_token
         late = late_in_queue([r.prompt_tokens for r in queued], [now - r.arrival for r in queued],
                              engine.unfinished - len(queued), engine.max_num_active_seqs,
                              engine.max_num_batched_tokens, self.watch.rates,
